@@ -1,0 +1,388 @@
+"""Tests for python_files/npy_datasets.py on tiny arange token files (token i at position i)."""
+
+import ast
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+import npy_datasets as nd
+from conftest import ROOT, write_tokens
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+# --- window arithmetic ----------------------------------------------------------------------
+
+
+@FAST
+@given(n=st.integers(2, 3000), seq_len=st.integers(1, 600))
+def test_windows_cover_every_token_once(n, seq_len):
+    if n < seq_len + 1:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = nd.NpyTokensDataset(write_tokens(Path(tmp) / "t.npy", np.arange(n, dtype=np.uint32)), seq_len)
+        assert len(ds) == (n - 1) // seq_len
+        xs = []
+        for i in range(len(ds)):
+            x, y = ds[i]
+            assert x.tolist() == list(range(i * seq_len, (i + 1) * seq_len))
+            assert y.tolist() == (x + 1).tolist()
+            xs.extend(x.tolist())
+        assert xs == list(range(len(ds) * seq_len))  # disjoint, in order, nothing skipped
+        assert n - 1 - len(ds) * seq_len < seq_len  # the dropped tail is shorter than a window
+
+
+@FAST
+@given(n=st.integers(2, 3000), seq_len=st.integers(1, 300), seed=st.integers(0, 2**32), epoch=st.integers(0, 50))
+def test_epoch_offset_shifts_every_window_by_one_offset(n, seq_len, seed, epoch):
+    if n < 2 * seq_len:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tokens(Path(tmp) / "t.npy", np.arange(n, dtype=np.uint32))
+        ds = nd.NpyTokensDataset(path, seq_len, epoch_offset=True, seed=seed)
+        assert len(ds) == (n - seq_len) // seq_len
+        offset = ds[(epoch, 0)][0][0].item()
+        assert 0 <= offset < seq_len
+        for i in range(len(ds)):
+            x, y = ds[(epoch, i)]
+            assert x[0].item() == offset + i * seq_len
+            assert y[-1].item() < n
+
+
+@FAST
+@given(n=st.integers(2, 2000), seq_len=st.integers(1, 200), seed=st.integers(0, 1000), epoch=st.integers(0, 9))
+def test_random_starts_stay_in_range_and_repeat_for_the_same_key(n, seq_len, seed, epoch):
+    if n < seq_len + 1:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tokens(Path(tmp) / "t.npy", np.arange(n, dtype=np.uint32))
+        ds = nd.NpyTokensDataset(path, seq_len, mode="random", seed=seed)
+        again = nd.NpyTokensDataset(path, seq_len, mode="random", seed=seed)
+        for i in range(min(len(ds), 20)):
+            x, y = ds[(epoch, i)]
+            assert 0 <= x[0].item() <= n - seq_len - 1
+            assert x.tolist() == list(range(x[0].item(), x[0].item() + seq_len))
+            assert y.tolist() == (x + 1).tolist()
+            assert torch.equal(again[(epoch, i)][0], x)
+
+
+def test_random_mode_covers_all_starts_and_changes_with_seed_and_epoch(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(50), 9, mode="random", num_samples=4000)
+    starts = {ds[i][0][0].item() for i in range(len(ds))}
+    assert starts == set(range(50 - 9))  # every valid start, the last one (40) included
+    first = [ds[(0, i)][0][0].item() for i in range(30)]
+    assert first != [ds[(1, i)][0][0].item() for i in range(30)]
+    other = nd.NpyTokensDataset(arange_file(50), 9, mode="random", num_samples=4000, seed=1)
+    assert first != [other[(0, i)][0][0].item() for i in range(30)]
+
+
+def test_two_d_rows_are_separate_sequences(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(60, shape=(3, 20)), 6)
+    assert len(ds) == 3 * ((20 - 1) // 6)
+    starts = [ds[i][0][0].item() for i in range(len(ds))]
+    assert starts == [0, 6, 12, 20, 26, 32, 40, 46, 52]
+    rnd = nd.NpyTokensDataset(arange_file(60, shape=(3, 20), name="r.npy"), 6, mode="random", num_samples=500)
+    for i in range(len(rnd)):
+        x, y = rnd[i]
+        assert x[0].item() // 20 == y[-1].item() // 20  # never crosses into the next row
+
+
+def test_batched_gather_equals_item_by_item(arange_file):
+    cases = [
+        nd.NpyTokensDataset(arange_file(5000), 17),
+        nd.NpyTokensDataset(arange_file(5000, name="o.npy"), 17, epoch_offset=True, seed=4),
+        nd.NpyTokensDataset(arange_file(5000, name="r.npy", dtype=np.uint16), 17, mode="random", seed=9),
+        nd.NpyTokensDataset(arange_file(4800, name="2d.npy", shape=(12, 400)), 33, mode="random"),
+        nd.NpyTokensDataset(arange_file(4800, name="2w.npy", shape=(12, 400)), 33),
+    ]
+    rng = np.random.default_rng(0)
+    for ds in cases:
+        keys = [(int(e), int(i)) for e, i in zip(rng.integers(0, 5, 40), rng.integers(-len(ds), len(ds), 40))]
+        x, y = nd.collate_windows(ds.__getitems__(keys))
+        assert x.dtype == y.dtype == torch.int64 and x.is_contiguous() and y.is_contiguous()
+        assert torch.equal(x, torch.stack([ds[k][0] for k in keys]))
+        assert torch.equal(y, torch.stack([ds[k][1] for k in keys]))
+        x[0, 0] = -1
+        assert y.min().item() >= 0  # y is its own tensor: editing x cannot change it
+
+
+def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(3000, dtype=np.uint16), 31)
+    x, y = next(iter(DataLoader(ds, batch_size=5)))
+    assert x[:, 0].tolist() == [0, 31, 62, 93, 124]
+    assert torch.equal(y[:, :-1], x[:, 1:])
+
+
+def test_index_types(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(100), 9)
+    assert ds[np.int64(3)][0][0].item() == 27
+    assert ds[torch.tensor(3)][0][0].item() == 27
+    assert ds[-1][0][0].item() == ds[len(ds) - 1][0][0].item()
+    for bad, err in [(len(ds), IndexError), (-len(ds) - 1, IndexError), (1.0, TypeError), (slice(0, 2), TypeError),
+                     (True, TypeError), ((0, 1, 2), TypeError), ((-1, 0), TypeError)]:  # fmt: skip
+        with pytest.raises(err):
+            ds[bad]
+
+
+# --- workers, pickling, sampler -------------------------------------------------------------
+
+
+def test_pickles_small_without_the_data(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(200_000), 64)
+    ds[0]  # open the memmap first, as the main process would have
+    blob = pickle.dumps(ds)
+    assert len(blob) < 1024
+    clone = pickle.loads(blob)
+    assert clone._arr is None and torch.equal(clone[5][0], ds[5][0])
+    assert pickle.loads(blob).tokens.flags.writeable is False
+
+
+def _batches(loader, epochs=2):
+    return [[(x.clone(), y.clone()) for x, y in loader] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_count_and_start_method_do_not_change_batches(arange_file, context):
+    ds = nd.NpyTokensDataset(arange_file(20_000, dtype=np.uint16), 50, mode="random", num_samples=96, seed=7)
+
+    def loader(workers):
+        extra = {"multiprocessing_context": context, "persistent_workers": True} if workers else {}
+        return DataLoader(ds, batch_size=8, sampler=nd.EpochSampler(ds, seed=3), num_workers=workers,
+                          collate_fn=nd.collate_windows, **extra)  # fmt: skip
+
+    reference = _batches(loader(0))
+    assert len(reference[0]) == 12
+    assert not torch.equal(reference[0][0][0], reference[1][0][0])  # a new epoch draws new windows
+    for workers in (1, 2):
+        got = _batches(loader(workers))
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for ea, eb in zip(reference, got) for a, b in zip(ea, eb))
+
+
+def test_epoch_sampler_permutations(arange_file):
+    sampler = nd.EpochSampler(range(10), seed=5)
+    first, second = list(sampler), list(sampler)
+    assert [e for e, _ in first] == [0] * 10 and [e for e, _ in second] == [1] * 10
+    assert sorted(i for _, i in first) == list(range(10)) and first != second
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+    assert [i for _, i in nd.EpochSampler(range(4), shuffle=False)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        sampler.set_epoch(-1)
+
+
+def test_make_dataloaders(arange_file):
+    train = nd.NpyTokensDataset(arange_file(1000, name="train.npy"), 10)
+    val = nd.NpyTokensDataset(arange_file(95, name="val.npy"), 10)
+    train_loader, val_loader = nd.make_dataloaders(train, val, batch_size=4, num_workers=0)
+    batches = list(train_loader)
+    assert len(batches) == len(train) // 4 and all(x.shape == (4, 10) for x, _ in batches)
+    seen = sorted(v for x, _ in batches for v in x[:, 0].tolist())
+    assert seen != [x[:, 0].tolist() for x, _ in batches] and len(set(seen)) == len(seen)
+    val_starts = [v for x, _ in val_loader for v in x[:, 0].tolist()]
+    assert val_starts == [10 * i for i in range(len(val))]  # in order, last short batch kept
+    assert train_loader.pin_memory == torch.cuda.is_available()
+    with pytest.raises(ValueError):
+        nd.make_dataloaders(train, val, batch_size=0)
+
+
+def test_default_num_workers_is_sized_to_the_machine():
+    workers = nd.default_num_workers()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert workers == (0 if cores < 4 or os.name == "nt" else min(4, cores // 2))
+
+
+def test_to_device_on_cpu():
+    x, y = nd.to_device((torch.arange(4), torch.arange(4) + 1), "cpu")
+    assert x.device.type == "cpu" and y.tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_pinned_batches_reach_the_gpu(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(5000, dtype=np.uint16), 32)
+    train, _ = nd.make_dataloaders(ds, ds, batch_size=4, num_workers=0)
+    x, y = next(iter(train))
+    assert x.is_pinned() and y.is_pinned()
+    xg, yg = nd.to_device((x, y), "cuda")
+    assert xg.is_cuda and torch.equal(yg[:, :-1].cpu(), x[:, 1:])
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def _error(path, seq_len=4, **kwargs):
+    with pytest.raises((ValueError, TypeError, FileNotFoundError)) as info:
+        nd.NpyTokensDataset(path, seq_len, **kwargs)
+    return str(info.value)
+
+
+def test_missing_directory_and_empty_files(tmp_path):
+    assert "does not exist" in _error(tmp_path / "nope.npy")
+    assert "is a directory" in _error(tmp_path)
+    (tmp_path / "empty.npy").touch()
+    assert "empty (0 bytes)" in _error(tmp_path / "empty.npy")
+    os.mkfifo(tmp_path / "fifo.npy")
+    assert "not a regular file" in _error(tmp_path / "fifo.npy")  # and it did not block reading
+
+
+def test_pickle_disguised_as_npy_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "evil.npy").write_bytes(pickle.dumps(Payload()))
+    assert "not a .npy file" in _error(tmp_path / "evil.npy")
+    header = b"{'descr': '|O', 'fortran_order': False, 'shape': (1,)}"
+    (tmp_path / "obj.npy").write_bytes(_npy_bytes(header) + pickle.dumps([Payload()]))
+    msg = _error(tmp_path / "obj.npy")
+    assert "'|O' is not supported" in msg and not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "array, expected",
+    [
+        (np.arange(10, dtype=np.float32), "'<f4' is not supported"),
+        (np.arange(10, dtype=np.int64), "'<i8' is not supported"),
+        (np.arange(10, dtype=">u2"), "'>u2' is not supported"),
+        (np.arange(27, dtype=np.uint16).reshape(3, 3, 3), "1-D or 2-D token array, got shape (3, 3, 3)"),
+        (np.arange(4, dtype=np.uint16), "the file has 4 tokens; seq_len=4 needs at least 5"),
+        (np.arange(8, dtype=np.uint16).reshape(2, 4), "each row has 4 tokens"),
+        (np.zeros(0, dtype=np.uint16), "holds no tokens"),
+        (np.asfortranarray(np.arange(20, dtype=np.uint16).reshape(4, 5)), "fortran_order=True"),
+    ],
+)
+def test_bad_npy_contents(tmp_path, array, expected):
+    np.save(tmp_path / "bad.npy", array)
+    msg = _error(tmp_path / "bad.npy")
+    assert expected in msg and "bad.npy" in msg
+
+
+def _npy_bytes(header: bytes, version=b"\x01\x00") -> bytes:
+    return b"\x93NUMPY" + version + len(header).to_bytes(2, "little") + header
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (b"hello world, not numpy", "not a .npy file"),
+        (b"\x93NUMPY\x04\x00\x10\x00", "unsupported .npy version 4.0"),
+        (b"\x93NUMPY\x02\x00\xff\xff\xff\xff" + b" " * 6, "larger than the 10000 allowed"),
+        (_npy_bytes(b"{'descr': '<u2', 'fortran_order': False, 'shape': (4,)}")[:-10], "truncated header"),
+        (_npy_bytes(b"__import__('os').system('true')") + b"\0" * 8, "not a Python literal"),
+        (_npy_bytes(b"{'descr': '<u2', 'shape': (4,)}") + b"\0" * 8, "must have keys"),
+        (_npy_bytes(b"{'descr': '<u2', 'fortran_order': False, 'shape': (-5,)}"), "got shape (-5,)"),
+        (_npy_bytes(b"{'descr': '<u2', 'fortran_order': False, 'shape': (4611686018427387904, 4611686018427387904)}"), "is truncated"),
+        (_npy_bytes(b"{'descr': '<u2', 'fortran_order': False, 'shape': (1000000,)}") + b"\0" * 228, "is truncated"),
+        (_npy_bytes(b"{'descr': '<u2', 'fortran_order': False, 'shape': (6,)}") + b"\0" * 14, "has trailing bytes"),
+        (_npy_bytes(b"{'descr': [('a', '<u2')], 'fortran_order': False, 'shape': (6,)}") + b"\0" * 12, "structured"),
+    ],
+)
+def test_bad_npy_headers(tmp_path, raw, expected):
+    (tmp_path / "bad.npy").write_bytes(raw)
+    assert expected in _error(tmp_path / "bad.npy")
+
+
+def test_seq_len_must_be_a_positive_int(arange_file):
+    path = arange_file(100)
+    for bad, expected in [(0, "at least 1, got 0"), (-3, "at least 1, got -3"), (True, "got bool"),
+                          (2.0, "got float"), ("8", "got str"), (None, "got NoneType")]:  # fmt: skip
+        assert expected in _error(path, seq_len=bad)
+    assert len(nd.NpyTokensDataset(path, np.int32(9))) == 11
+
+
+def test_other_parameters(arange_file):
+    path = arange_file(100)
+    assert "mode must be one of" in _error(path, mode="sliding")
+    assert "num_samples applies to mode=\"random\" only" in _error(path, num_samples=5)
+    assert "epoch_offset applies" in _error(path, mode="random", epoch_offset=True)
+    assert "seed must be at least 0" in _error(path, seed=-1)
+
+
+def test_raw_bin_files(tmp_path):
+    tokens = np.arange(1000, dtype=np.uint16)
+    tokens.tofile(tmp_path / "train.bin")  # nanoGPT's layout: no header, no sidecar
+    assert "pass dtype=np.uint16" in _error(tmp_path / "train.bin")
+    ds = nd.NpyTokensDataset(tmp_path / "train.bin", 8, dtype=np.uint16)
+    assert ds[3][0].tolist() == list(range(24, 32))
+    (tmp_path / "odd.bin").write_bytes(b"\0" * 2001)
+    assert "size 2001 bytes is not a multiple of 2 (uint16)" in _error(tmp_path / "odd.bin", dtype="uint16")
+    write_tokens(tmp_path / "wide.bin", np.arange(1000, dtype=np.uint32))
+    assert nd.NpyTokensDataset(tmp_path / "wide.bin", 8)[1][0][0].item() == 8  # dtype from the sidecar
+    assert "sidecar" in _error(tmp_path / "wide.bin", dtype=np.uint16) and "says uint32" in _error(tmp_path / "wide.bin", dtype=np.uint16)
+
+
+def test_sidecar_must_agree_with_the_file(tmp_path):
+    tokens = np.arange(1000, dtype=np.uint16)
+    for field, value in [("dtype", "uint32"), ("n_tokens", 999), ("file_size", 7), ("shape", [999]), ("layout", "bin")]:
+        path = write_tokens(tmp_path / f"{field}.npy", tokens, **{field: value})
+        msg = _error(path)
+        assert f"{field} is {value!r} in the sidecar" in msg and f"{field}.npy" in msg
+    path = write_tokens(tmp_path / "vocab.npy", tokens, max_token_id=70000, n_vocab=50257)
+    assert "max_token_id 70000 is outside the vocabulary" in _error(path)
+    path = write_tokens(tmp_path / "type.npy", tokens, n_tokens="1000")
+    assert "field 'n_tokens' should be int" in _error(path)
+    path = write_tokens(tmp_path / "hash.npy", tokens, sha256="0" * 64)
+    assert len(nd.NpyTokensDataset(path, 4)) == 249  # the hash is read only on request
+    assert "sha256 differs" in _error(path, verify=True)
+    (tmp_path / "junk.npy.json").write_text("{not json")
+    np.save(tmp_path / "junk.npy", tokens)
+    assert "is not valid JSON" in _error(tmp_path / "junk.npy")
+
+
+def test_vocab_size_check(arange_file):
+    path = arange_file(1000)
+    assert len(nd.NpyTokensDataset(path, 4, vocab_size=1000)) == 249
+    assert "ids up to 999 may not fit vocab_size=999" in _error(path, vocab_size=999)
+
+
+def test_read_only_file_and_memmap(arange_file):
+    path = arange_file(100)
+    os.chmod(path, 0o444)
+    ds = nd.NpyTokensDataset(path, 9)
+    assert ds.tokens.flags.writeable is False and ds.tokens.mode == "r"
+    with pytest.raises(ValueError):
+        ds.tokens[0] = 1
+
+
+def test_file_replaced_after_open_is_refused_in_a_worker(arange_file):
+    path = arange_file(1000)
+    ds = nd.NpyTokensDataset(path, 9)
+    clone = pickle.loads(pickle.dumps(ds))  # what a spawned worker gets
+    np.save(path, np.arange(500, dtype=np.uint32))
+    with pytest.raises(nd.TokenFileError, match="changed since the dataset was opened"):
+        clone[0]
+
+
+def test_token_dtype_and_sidecar_path():
+    assert nd.token_dtype(50257) == np.uint16 and nd.token_dtype(2**16) == np.uint16
+    assert nd.token_dtype(2**16 + 1) == np.uint32 and nd.token_dtype(100277) == np.uint32
+    for bad, err in [(0, ValueError), (2**32 + 1, ValueError), (True, TypeError), (5.0, TypeError)]:
+        with pytest.raises(err):
+            nd.token_dtype(bad)
+    assert nd.sidecar_path("data/x/train.npy") == Path("data/x/train.npy.json")
+
+
+def test_module_needs_only_numpy_torch_and_the_standard_library():
+    tree = ast.parse((ROOT / "python_files" / "npy_datasets.py").read_text())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
+    assert roots - set(sys.stdlib_module_names) == {"numpy", "torch"}
+
+
+def test_module_imports_in_a_fresh_interpreter_without_the_prep_packages():
+    code = "import sys; sys.modules.update(tiktoken=None, datasets=None, tqdm=None); import npy_datasets; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "python_files", capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr
