@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,12 @@ def test_train_token_count(monkeypatch):
     assert sum(map(len, tokens)) >= 300_000
     eot = [ids for t, ids in zip(texts, tokens) if "<|endoftext|>" in t]
     assert eot and all(enc.eot_token not in ids for ids in eot)
+
+
+def test_environment_yml_and_requirements_pin_the_same_versions():
+    def pins(text):
+        return sorted(re.findall(r"^\s*(?:-\s+)?([A-Za-z0-9_.-]+==[^\s#]+)", text, flags=re.M))
+
+    req = pins((ROOT / "requirements.txt").read_text())
+    env = pins((ROOT / "environment.yml").read_text())
+    assert req == env and "torch==2.13.0" in req and len(req) >= 10
