@@ -1,0 +1,139 @@
+"""The notebooks and the modules in python_files/ must be the same code, and the notebooks tidy.
+
+A definition is "taught" when a notebook code cell defines it: a top-level def or class, a method
+inside a class cell, or a method defined on its own and attached with `Class.name = name`. Its
+parsed code (docstring and annotations included, comments and layout not) must equal the module's.
+"""
+
+import ast
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+MODULES = {name: ROOT / "python_files" / f"{name}.py" for name in ("npy_datasets", "prepare_tokens")}
+
+
+def _code_cells(notebook: Path) -> list[str]:
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    # IPython-only lines (magics, shell escapes) are not Python; blank them before parsing.
+    return ["\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in s.splitlines()) for s in sources]
+
+
+def _without_methods(node: ast.ClassDef) -> str:
+    """A class statement's own part: name, bases, decorators and non-method body (docstring)."""
+    body = [n for n in node.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return ast.dump(ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=body, decorator_list=node.decorator_list))
+
+
+def definitions(tree: ast.Module) -> dict[str, str]:
+    """Qualified name -> dumped AST for the defs, classes, methods and constants of one module."""
+    found: dict[str, str] = {}
+    attached = {}  # `Class.method = method` statements attach a top-level def to a class
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute):
+            target = node.targets[0]
+            if isinstance(target.value, ast.Name) and isinstance(node.value, ast.Name):
+                attached[node.value.id] = f"{target.value.id}.{target.attr}"
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[attached.get(node.name, node.name)] = ast.dump(node)
+        elif isinstance(node, ast.ClassDef):
+            found[node.name] = _without_methods(node)
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{node.name}.{item.name}"] = ast.dump(item)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id.isupper():
+                    found[t.id] = ast.dump(node)
+    return found
+
+
+def module_definitions() -> dict[str, dict[str, str]]:
+    return {name: definitions(ast.parse(path.read_text(encoding="utf-8"))) for name, path in MODULES.items()}
+
+
+def taught_definitions() -> dict[str, list[tuple[str, str]]]:
+    """Qualified name -> [(notebook name, dumped AST)] for every definition in every notebook."""
+    taught = defaultdict(list)
+    for nb in NOTEBOOKS:
+        for source in _code_cells(nb):
+            for name, dump in definitions(ast.parse(source)).items():
+                taught[name].append((nb.name, dump))
+    return taught
+
+
+def public_names(module: str) -> list[str]:
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{module} has no __all__")
+
+
+def test_there_are_numbered_notebooks():
+    assert len(NOTEBOOKS) >= 4
+    for nb in NOTEBOOKS:
+        assert re.fullmatch(r"\d\d_[a-z0-9]+(_[a-z0-9]+)+\.ipynb", nb.name), nb.name
+
+
+def test_every_public_name_is_taught_somewhere():
+    taught = taught_definitions()
+    modules = module_definitions()
+    missing = []
+    for module, defs in modules.items():
+        for name in public_names(module):
+            parts = [q for q in defs if q == name or q.startswith(name + ".")]
+            missing += [f"{module}.{q}" for q in parts if q not in taught]
+            if not parts:
+                missing.append(f"{module}.{name} (not a def, class or constant)")
+    assert not missing, f"defined in the module but taught in no notebook: {missing}"
+
+
+def test_taught_definitions_equal_the_modules():
+    modules = module_definitions()
+    by_name = defaultdict(list)
+    for module, defs in modules.items():
+        for name, dump in defs.items():
+            by_name[name].append((module, dump))
+    drift = []
+    for name, places in taught_definitions().items():
+        if name not in by_name:
+            continue  # a notebook-only helper (a plot, a demonstration)
+        for notebook, dump in places:
+            if all(dump != module_dump for _, module_dump in by_name[name]):
+                modules_named = ", ".join(m for m, _ in by_name[name])
+                drift.append(f"{notebook}: {name} differs from {modules_named}")
+    assert not drift, "notebook and module disagree:\n" + "\n".join(drift)
+
+
+# --- hygiene ------------------------------------------------------------------------------------
+
+ABSOLUTE_PATH = re.compile(r"(/home/|/root/|/work/|/tmp/|/Users/|[A-Z]:\\\\)")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_hygiene(notebook):
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    counts = [c["execution_count"] for c in code]
+    assert counts == list(range(1, len(code) + 1)), f"cells not run top to bottom once: {counts}"
+    assert sum(bool(c["outputs"]) for c in code) >= len(code) // 2, "stored outputs are missing"
+    for cell in code:
+        source = "".join(cell["source"])
+        ignored = source.startswith("# NBVAL_IGNORE_OUTPUT")
+        for out in cell["outputs"]:
+            text = json.dumps(out)
+            assert not ABSOLUTE_PATH.search(text), f"absolute path in an output of:\n{source[:200]}"
+            if not ignored:
+                assert out.get("name") != "stderr", f"stderr in a compared cell:\n{source[:200]}"
+        assert not ABSOLUTE_PATH.search(source), f"absolute path in:\n{source[:200]}"
