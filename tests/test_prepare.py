@@ -1,0 +1,544 @@
+"""Tests for python_files/prepare_tokens.py: tiny local fixtures, no network, a few seconds in all."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "python_files") not in sys.path:
+    sys.path.insert(0, str(ROOT / "python_files"))
+
+import datasets  # noqa: E402
+import prepare_tokens as pt  # noqa: E402  (sets TIKTOKEN_CACHE_DIR to materials/tiktoken_cache)
+import tiktoken  # noqa: E402
+from npy_datasets import open_tokens, read_npy_header, read_sidecar, sidecar_path  # noqa: E402
+
+SAMPLE = ROOT / "materials" / "tinystories_sample"
+EOT = 50256
+DOCS = [
+    "Once upon a time, there was a little cat named Tom.",
+    "Zoë said: \u201cHello!\u201d \u2014 and José smiled at her.",
+    "",
+    "  leading and trailing spaces  ",
+    "Line one.\nLine two.\n\nLine four.",
+    'Tom typed "<|endoftext|>" into the story and laughed.',
+    "emoji 🐱 and 中文 text",
+]
+MANY = [f"Story {i}: " + "The dog ran to the park. " * (i % 6) + f"The end {i}." for i in range(60)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_datasets_cache(tmp_path_factory):
+    """Keep datasets' Arrow copies of the fixtures out of the user's ~/.cache/huggingface."""
+    saved = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = str(tmp_path_factory.mktemp("hf_datasets_cache"))
+    yield datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = saved
+
+
+@pytest.fixture(scope="session")
+def enc():
+    return tiktoken.get_encoding("gpt2")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def make_dataset(folder: Path, train: list[str], validation: list[str] | None = None) -> Path:
+    """A folder with train.jsonl (and validation.jsonl), TinyStories schema."""
+    write_jsonl(folder / "train.jsonl", [{"text": t} for t in train])
+    if validation is not None:
+        write_jsonl(folder / "validation.jsonl", [{"text": t} for t in validation])
+    return folder
+
+
+def documents(tokens: np.ndarray) -> list[np.ndarray]:
+    """Cut a token file at its EOTs: each document is the ids after one EOT, up to the next."""
+    starts = np.flatnonzero(tokens == EOT)
+    assert starts.size and starts[0] == 0, "a token file must start with EOT"
+    ends = [*starts[1:], len(tokens)]
+    return [tokens[a + 1 : b] for a, b in zip(starts, ends)]
+
+
+def decoded(path: Path, enc) -> list[str]:
+    return [enc.decode(doc.tolist()) for doc in documents(np.load(path))]
+
+
+def reference_tokens(texts: list[str], enc) -> np.ndarray:
+    """The expected file content, computed the slow obvious way."""
+    ids = []
+    for text in texts:
+        ids += [EOT, *enc.encode_ordinary(text)]
+    return np.array(ids, dtype=np.uint16)
+
+
+def temp_files(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if ".tmp." in p.name]
+
+
+def prepare(dataset, out, **kwargs):
+    kwargs.setdefault("progress", False)
+    return {r.split: r for r in pt.prepare(dataset, out, **kwargs)}
+
+
+# --- round trip and encoding -------------------------------------------------------------------
+
+
+def test_round_trip_decodes_every_document_exactly(tmp_path, enc):
+    val = ["A short validation story.", "Another one, with a comma."]
+    data = make_dataset(tmp_path / "in", DOCS, val)
+    results = prepare(data, tmp_path / "out")
+    assert set(results) == {"train", "validation"}
+    for split, texts in (("train", DOCS), ("validation", val)):
+        tokens = np.load(tmp_path / "out" / f"{split}.npy")
+        assert tokens.dtype == np.uint16
+        assert tokens[0] == EOT
+        assert np.count_nonzero(tokens == EOT) == len(texts) == results[split].meta["n_docs"]
+        assert decoded(tmp_path / "out" / f"{split}.npy", enc) == texts
+        np.testing.assert_array_equal(tokens, reference_tokens(texts, enc))
+
+
+def test_literal_endoftext_in_text_is_ordinary_text(tmp_path, enc):
+    text = 'She wrote "<|endoftext|>" on the board.'
+    data = make_dataset(tmp_path / "in", [text, "next"], ["v"])
+    prepare(data, tmp_path / "out")
+    tokens = np.load(tmp_path / "out" / "train.npy")
+    first = documents(tokens)[0]
+    assert EOT not in first.tolist()
+    assert first.tolist() == enc.encode_ordinary(text)
+    assert enc.decode(first.tolist()) == text
+    assert np.count_nonzero(tokens == EOT) == 2
+
+
+def test_tokenize_documents_yields_ordered_chunks(enc):
+    chunks = list(pt.tokenize_documents(MANY, enc, num_threads=2, chunk_docs=3))
+    assert len(chunks) == 20  # 60 documents, 3 per chunk
+    assert all(np.count_nonzero(c == EOT) == 3 and c[0] == EOT for c in chunks)
+    np.testing.assert_array_equal(np.concatenate(chunks), reference_tokens(MANY, enc))
+
+
+def test_bytes_do_not_depend_on_threads_or_chunk_size(tmp_path):
+    data = make_dataset(tmp_path / "in", MANY, MANY[:9])
+    seen = set()
+    for threads, chunk in [(1, 1024), (2, 7), (1, 1), (2, 1)]:
+        out = tmp_path / f"out_{threads}_{chunk}"
+        results = prepare(data, out, num_threads=threads, chunk_docs=chunk)
+        meta = results["train"].meta
+        seen.add(((out / "train.npy").read_bytes(), meta["sha256"], meta["settings_fingerprint"]))
+    assert len(seen) == 1
+
+
+# --- file format --------------------------------------------------------------------------------
+
+
+def test_npy_is_a_real_npy_with_a_64_byte_aligned_header(tmp_path):
+    data = make_dataset(tmp_path / "in", DOCS, ["v"])
+    prepare(data, tmp_path / "out")
+    path = tmp_path / "out" / "train.npy"
+    loaded, mapped = np.load(path), np.load(path, mmap_mode="r")
+    np.testing.assert_array_equal(loaded, mapped)
+    with open(path, "rb") as f:
+        assert np.lib.format.read_magic(f) == (1, 0)
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        offset = f.tell()
+    assert (shape, fortran, dtype) == (loaded.shape, False, np.dtype(np.uint16))
+    assert offset % 64 == 0 and offset == pt.NPY_HEADER_SIZE
+    assert read_npy_header(path) == (np.dtype("<u2"), loaded.shape, offset)
+
+
+@pytest.mark.parametrize("n_tokens", [0, 1, 123_456_789, 2**63 - 1])
+def test_npy_header_has_the_same_length_for_any_count(n_tokens):
+    header = pt.npy_header(np.uint32, n_tokens)
+    assert len(header) == pt.NPY_HEADER_SIZE
+    f = io.BytesIO(header)
+    assert np.lib.format.read_magic(f) == (1, 0)
+    assert np.lib.format.read_array_header_1_0(f) == ((n_tokens,), False, np.dtype("<u4"))
+
+
+def test_bin_layout_is_the_npy_data_without_header(tmp_path):
+    data = make_dataset(tmp_path / "in", DOCS, ["v"])
+    prepare(data, tmp_path / "npy")
+    results = prepare(data, tmp_path / "bin", layout="bin")
+    npy_bytes = (tmp_path / "npy" / "train.npy").read_bytes()
+    bin_path = tmp_path / "bin" / "train.bin"
+    assert bin_path.read_bytes() == npy_bytes[pt.NPY_HEADER_SIZE :]
+    meta = results["train"].meta
+    assert (meta["layout"], meta["file"], meta["dtype"]) == ("bin", "train.bin", "uint16")
+    assert sidecar_path(bin_path).name == "train.bin.json"
+    np.testing.assert_array_equal(open_tokens(bin_path, verify=True), np.load(tmp_path / "npy" / "train.npy"))
+
+
+def test_sidecar_fields_describe_the_file(tmp_path):
+    data = make_dataset(tmp_path / "in", DOCS, ["v"])
+    prepare(data, tmp_path / "out")
+    path = tmp_path / "out" / "train.npy"
+    side = sidecar_path(path)
+    meta = json.loads(side.read_text())
+    assert side.read_text() == json.dumps(meta, sort_keys=True, indent=2) + "\n"
+    tokens = np.load(path)
+    expected = {
+        "format": "npy-tokens", "format_version": 1, "file": "train.npy", "layout": "npy",
+        "dtype": "uint16", "shape": [tokens.size], "n_tokens": tokens.size,
+        "file_size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "tokenizer": "tiktoken:gpt2", "n_vocab": 50257, "eot_id": EOT, "eot_placement": "prepend",
+        "max_token_id": int(tokens.max()), "n_docs": len(DOCS), "created_by": "prepare_tokens.py",
+    }  # fmt: skip
+    assert {k: meta[k] for k in expected} == expected
+    source = meta["source"]
+    assert source["dataset"] == str(data)
+    assert (source["split"], source["from_split"], source["column"]) == ("train", "train", "text")
+    assert "val_fraction" not in source and "seed" not in source
+    train_sha = hashlib.sha256((data / "train.jsonl").read_bytes()).hexdigest()
+    assert source["input_fingerprint"] == "sha256:" + hashlib.sha256(train_sha.encode()).hexdigest()
+    assert re.fullmatch(r"[0-9a-f]{64}", meta["settings_fingerprint"])
+    assert read_sidecar(path) == meta
+    assert open_tokens(path, verify=True).shape == tokens.shape
+
+
+# --- reruns --------------------------------------------------------------------------------------
+
+
+def test_rerun_skips_and_changed_settings_rebuild(tmp_path):
+    rows = [{"text": t, "story": t.upper()} for t in MANY[:20]]
+    write_jsonl(tmp_path / "in" / "train.jsonl", rows)
+    write_jsonl(tmp_path / "in" / "validation.jsonl", rows[:3])
+    data, out = tmp_path / "in", tmp_path / "out"
+    train, side = out / "train.npy", out / "train.npy.json"
+
+    assert all(r.written for r in prepare(data, out).values())
+    stamps = (train.stat().st_mtime_ns, side.stat().st_mtime_ns)
+    time.sleep(0.01)
+    again = prepare(data, out, num_threads=1, chunk_docs=3)  # neither changes the bytes
+    assert not any(r.written for r in again.values())
+    assert "(up to date)" in again["train"].summary()
+    assert (train.stat().st_mtime_ns, side.stat().st_mtime_ns) == stamps
+
+    before = train.read_bytes()
+    by_story = prepare(data, out, column="story")
+    assert by_story["train"].written and train.read_bytes() != before
+    assert prepare(data, out, column="story")["train"].written is False
+    assert prepare(data, out, column="story", force=True)["train"].written
+
+    assert prepare(data, out, column="story", layout="bin")["train"].written
+    assert (out / "train.bin").is_file() and (out / "train.bin.json").is_file()
+
+    with open(train, "ab") as f:  # damaged file: its size no longer matches the sidecar
+        f.write(b"\0\0")
+    assert prepare(data, out, column="story")["train"].written
+    assert open_tokens(train, verify=True).size == read_sidecar(train)["n_tokens"]
+
+
+# --- carving validation from train ------------------------------------------------------------------
+
+
+def test_carve_validation_when_the_dataset_has_none(tmp_path, enc):
+    texts = [f"document number {i}" for i in range(40)]
+    data = make_dataset(tmp_path / "in", texts)  # train.jsonl only
+    results = prepare(data, tmp_path / "a", val_fraction=0.1, seed=7)
+    train, val = decoded(tmp_path / "a" / "train.npy", enc), decoded(tmp_path / "a" / "validation.npy", enc)
+    assert len(val) == 4 and len(train) == 36
+    assert not set(train) & set(val)
+    assert sorted(train + val) == sorted(texts)
+    assert train == [t for t in texts if t in set(train)]  # each split keeps the original order
+    for split in ("train", "validation"):
+        source = results[split].meta["source"]
+        assert (source["split"], source["from_split"]) == (split, "train")
+        assert (source["val_fraction"], source["seed"]) == (0.1, 7)
+
+    prepare(data, tmp_path / "b", val_fraction=0.1, seed=7)  # same seed, same carve, same bytes
+    for name in ("train.npy", "validation.npy"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+    only_train = prepare(data, tmp_path / "c", splits=["train"], val_fraction=0.1, seed=7)
+    assert list(only_train) == ["train"]  # train alone is still the remainder: no later leak
+    assert (tmp_path / "c" / "train.npy").read_bytes() == (tmp_path / "a" / "train.npy").read_bytes()
+
+    reseeded = prepare(data, tmp_path / "a", val_fraction=0.1, seed=8)
+    assert reseeded["validation"].written and reseeded["train"].written
+    assert set(decoded(tmp_path / "a" / "validation.npy", enc)) != set(val)
+
+
+def test_carve_validation_keeps_at_least_one_document_each():
+    train = datasets.Dataset.from_dict({"text": [f"doc {i}" for i in range(10)]})
+    rest, val = pt.carve_validation(train)  # 10 * 0.005 rounds to 0: one document anyway
+    assert (len(rest), len(val)) == (9, 1)
+    assert sorted([*rest["text"], *val["text"]]) == sorted(train["text"])
+    with pytest.raises(ValueError, match="both splits need at least one"):
+        pt.carve_validation(train.select([0]))
+
+
+# --- writer safety ------------------------------------------------------------------------------
+
+
+def test_id_that_does_not_fit_the_dtype_raises_instead_of_wrapping(tmp_path):
+    assert np.array([70000]).astype(np.uint16)[0] == 4464  # what a bare cast would silently write
+    path = tmp_path / "train.npy"
+    with pytest.raises(ValueError, match=r"token id 70000 does not fit uint16.*uint32"):
+        pt.write_token_file([np.array([1, 2]), np.array([5, 70000])], path, np.uint16)
+    with pytest.raises(ValueError, match=r"token id -1 does not fit uint16"):
+        pt.write_token_file([np.array([-1, 2])], path, np.uint16)
+    assert list(tmp_path.iterdir()) == []
+    stats = pt.write_token_file([np.array([1, 70000])], tmp_path / "wide.npy", np.uint32)
+    assert (stats["n_tokens"], stats["max_token_id"]) == (2, 70000)
+    np.testing.assert_array_equal(np.load(tmp_path / "wide.npy"), np.array([1, 70000], dtype=np.uint32))
+
+
+def test_write_token_file_refuses_empty_output_and_wrong_suffix(tmp_path):
+    with pytest.raises(ValueError, match="no tokens"):
+        pt.write_token_file([np.array([], dtype=np.int64)], tmp_path / "train.npy")
+    with pytest.raises(ValueError, match=r"must end in \.bin"):
+        pt.write_token_file([np.array([1])], tmp_path / "train.npy", layout="bin")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupted_write_leaves_nothing_and_keeps_earlier_output(tmp_path, monkeypatch):
+    def two_chunks_then_ctrl_c(*args, **kwargs):
+        yield np.array([EOT, 1, 2])
+        yield np.array([EOT, 3])
+        raise KeyboardInterrupt
+
+    fresh = tmp_path / "fresh" / "train.npy"
+    fresh.parent.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        pt.write_token_file(two_chunks_then_ctrl_c(), fresh)
+    assert list(fresh.parent.iterdir()) == []
+
+    data, out = make_dataset(tmp_path / "in", MANY, ["v"]), tmp_path / "out"
+    prepare(data, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(pt, "tokenize_documents", two_chunks_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(data, out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, no temp files
+
+
+def test_crash_between_data_and_sidecar_leaves_no_sidecar(tmp_path, monkeypatch):
+    data, out = make_dataset(tmp_path / "in", MANY, ["v"]), tmp_path / "out"
+    prepare(data, out)
+
+    def crash(*args, **kwargs):
+        raise OSError("simulated power cut before the sidecar")
+
+    monkeypatch.setattr(pt, "write_sidecar", crash)
+    with pytest.raises(OSError, match="simulated"):
+        prepare(data, out, force=True)
+    assert (out / "train.npy").is_file() and not (out / "train.npy.json").exists()
+    assert temp_files(out) == []
+    monkeypatch.undo()
+    assert prepare(data, out)["train"].written  # no sidecar means incomplete: rebuilt
+    assert open_tokens(out / "train.npy", verify=True).size > 0
+
+
+def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
+    data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
+    out.mkdir()
+    dead = out / ".train.npy.tmp.999999999.deadbeef"  # far above any possible pid
+    alive = out / f".train.npy.tmp.{os.getppid()}.cafef00d"  # our parent: still running
+    other = out / "notes.tmp.txt"
+    for p in (dead, alive, other):
+        p.write_bytes(b"x")
+    prepare(data, out)
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+# --- input problems --------------------------------------------------------------------------------
+
+
+def test_missing_column_lists_available_columns(tmp_path):
+    data = make_dataset(tmp_path / "in", DOCS, ["v"])
+    expected = f"column 'body' not found in {data} split train; available: ['text']"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        prepare(data, tmp_path / "out", column="body")
+    assert not (tmp_path / "out").exists()
+
+
+def test_none_cell_names_split_row_and_column(tmp_path):
+    write_jsonl(tmp_path / "in" / "train.jsonl", [{"text": "a"}, {"text": "b"}, {"text": None}, {"text": "d"}])
+    with pytest.raises(ValueError, match=r"split train row 2: column 'text' is None"):
+        prepare(tmp_path / "in", tmp_path / "out")
+
+
+def test_non_text_column_is_refused(tmp_path):
+    write_jsonl(tmp_path / "nums" / "train.jsonl", [{"text": 1}, {"text": 2}])
+    with pytest.raises(ValueError, match=r"column 'text' in .* split train holds .*int64.*not text"):
+        prepare(tmp_path / "nums", tmp_path / "out")
+
+
+def test_empty_split_is_refused(tmp_path, monkeypatch):
+    # datasets' own loaders refuse to build an empty split, so hand one over as a save_to_disk folder would.
+    features = datasets.Features({"text": datasets.Value("string")})
+    empty = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"text": ["a", "b"]}, features=features),
+        "validation": datasets.Dataset.from_dict({"text": []}, features=features),
+    })  # fmt: skip
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "dataset_dict.json").write_text('{"splits": ["train", "validation"]}')
+    monkeypatch.setattr(pt.datasets, "load_from_disk", lambda path: empty)
+    with pytest.raises(ValueError, match="split validation has no documents"):
+        prepare(tmp_path / "saved", tmp_path / "out")
+
+
+def test_unknown_split_and_missing_path(tmp_path):
+    data = make_dataset(tmp_path / "in", DOCS, ["v"])
+    with pytest.raises(ValueError, match=r"split 'test' not found .* available: \['train', 'validation'\]"):
+        prepare(data, tmp_path / "out", splits=["train", "test"])
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        prepare(tmp_path / "nowhere", tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        prepare("not/here.jsonl", tmp_path / "out")
+
+
+@pytest.mark.parametrize("kind", ["parquet_folder", "save_to_disk", "jsonl_gz_file", "txt_file"])
+def test_other_input_formats(tmp_path, enc, kind):
+    val = ["validation story"]
+    if kind == "parquet_folder":
+        data = tmp_path / "pq"
+        data.mkdir()
+        datasets.Dataset.from_dict({"text": DOCS}).to_parquet(data / "train.parquet")
+        datasets.Dataset.from_dict({"text": val}).to_parquet(data / "validation.parquet")
+    elif kind == "save_to_disk":
+        data = tmp_path / "saved"
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS}),
+                              "validation": datasets.Dataset.from_dict({"text": val})}).save_to_disk(data)  # fmt: skip
+    elif kind == "jsonl_gz_file":
+        import gzip
+
+        data = tmp_path / "stories.jsonl.gz"
+        with gzip.open(data, "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in DOCS + val)
+    else:
+        data = tmp_path / "stories.txt"  # one document per line
+        lines = [t for t in DOCS + val if "\n" not in t]
+        data.write_text("".join(t + "\n" for t in lines), encoding="utf-8")
+    results = prepare(data, tmp_path / "out")
+    train, validation = decoded(tmp_path / "out" / "train.npy", enc), decoded(tmp_path / "out" / "validation.npy", enc)
+    if kind in ("parquet_folder", "save_to_disk"):
+        assert (train, validation) == (DOCS, val)
+        assert results["train"].meta["source"]["from_split"] == "train"
+    else:  # a single file is the train split: validation is carved from it
+        expected = DOCS + val if kind == "jsonl_gz_file" else lines
+        assert sorted(train + validation) == sorted(expected) and len(validation) == 1
+        assert results["validation"].meta["source"]["val_fraction"] == pt.VAL_FRACTION
+    prefix = "datasets:" if kind == "save_to_disk" else "sha256:"
+    assert results["train"].meta["source"]["input_fingerprint"].startswith(prefix)
+
+
+# --- parameters and output folder -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_threads": 0}, {"num_threads": -2}, {"chunk_docs": 0},
+        {"val_fraction": float("nan")}, {"val_fraction": float("inf")}, {"val_fraction": 0.0},
+        {"val_fraction": 1.0}, {"val_fraction": -0.1}, {"layout": "csv"}, {"seed": -1},
+        {"splits": []}, {"splits": ["train", "train"]},
+    ],
+)  # fmt: skip
+def test_bad_parameters_fail_before_any_work(tmp_path, kwargs):
+    missing = tmp_path / "no_such_dataset"  # would raise FileNotFoundError if loading started
+    with pytest.raises(ValueError):
+        pt.prepare(missing, tmp_path / "out", progress=False, **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--num-threads", "0"], ["--chunk-docs", "-1"], ["--val-fraction", "nan"], ["--val-fraction", "1"],
+     ["--format", "csv"]],
+)
+def test_cli_rejects_bad_parameters(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        pt.main(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_output_folder_checks(tmp_path):
+    data = make_dataset(tmp_path / "in", DOCS, ["v"])
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="is an existing file"):
+        prepare(data, a_file)
+    with pytest.raises(ValueError, match="is a file"):
+        prepare(data, a_file / "sub")
+    for inside in (data, data / "tokens"):
+        with pytest.raises(ValueError, match="inside the input dataset"):
+            prepare(data, inside)
+    assert sorted(p.name for p in data.iterdir()) == ["train.jsonl", "validation.jsonl"]
+
+
+# --- the Hub, offline ------------------------------------------------------------------------------
+
+
+def test_hub_probe_honours_offline_mode(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.monotonic()
+    assert pt.hub_reachable() is False
+    assert time.monotonic() - start < 0.5  # no probe at all
+
+
+def test_unreachable_hub_falls_back_to_cache_then_explains(tmp_path, monkeypatch):
+    monkeypatch.setattr(pt, "hub_reachable", lambda timeout=pt.HUB_PROBE_TIMEOUT_S: False)
+    flags = (datasets.config.HF_HUB_OFFLINE, pt.huggingface_hub.constants.HF_HUB_OFFLINE)
+    with pytest.raises(pt.HubUnreachableError, match="materials/tinystories_sample") as exc:
+        pt.load_text_splits("someone/not-cached-anywhere")
+    assert "unreachable" in str(exc.value) and "omit --dataset" in str(exc.value)
+    assert (datasets.config.HF_HUB_OFFLINE, pt.huggingface_hub.constants.HF_HUB_OFFLINE) == flags  # restored
+
+
+def test_cli_offline_hub_name_fails_fast_naming_the_sample(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    for var in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_OFFLINE"):
+        env.pop(var, None)  # everything under the empty HF_HOME: no cache can answer
+    start = time.monotonic()
+    command = [sys.executable, "python_files/prepare_tokens.py", "--dataset", "roneneldan/TinyStories",
+               "--out", str(tmp_path / "out")]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr
+    assert elapsed < 20
+    assert "Hugging Face Hub is unreachable" in proc.stderr
+    assert "--dataset materials/tinystories_sample" in proc.stderr and "omit --dataset" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
+# --- end to end on the bundled sample -----------------------------------------------------------------
+
+
+def test_cli_end_to_end_on_bundled_sample(tmp_path, enc):
+    # Not skipped when the sample is missing: the repository promises it.
+    for split in ("train", "validation"):
+        assert (SAMPLE / f"{split}.jsonl").is_file(), f"bundled sample missing: {SAMPLE / f'{split}.jsonl'}"
+    env = dict(os.environ, HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"))
+    command = [sys.executable, "python_files/prepare_tokens.py", "--out", str(tmp_path)]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2
+    for line, split in zip(lines, ("train", "validation")):
+        rows = (SAMPLE / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+        texts = [json.loads(row)["text"] for row in rows]
+        path = (tmp_path / f"{split}.npy").resolve()
+        tokens = open_tokens(path, verify=True)
+        assert line == f"{split}: {len(texts):,} docs, {tokens.size:,} tokens, uint16 -> {path} (written)"
+        assert decoded(tmp_path / f"{split}.npy", enc) == texts
+        assert read_sidecar(tmp_path / f"{split}.npy")["source"]["dataset"] == "materials/tinystories_sample"
+    rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert [line.endswith("(up to date)") for line in rerun.stdout.splitlines()] == [True, True]
