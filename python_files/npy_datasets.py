@@ -7,13 +7,16 @@ Every definition here is taught, step by step, in the notebooks of this reposito
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
+import itertools
 import json
 import operator
 import os
 import stat
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +33,7 @@ __all__ = [
     "open_tokens",
     "NpyTokensDataset",
     "EpochSampler",
+    "TokenBatch",
     "collate_windows",
     "default_num_workers",
     "make_dataloaders",
@@ -450,37 +454,103 @@ class NpyTokensDataset(Dataset):
         window = data[start : start + self.seq_len + 1]
         return torch.from_numpy(window[:-1].astype(np.int64)), torch.from_numpy(window[1:].astype(np.int64))
 
-    def __getitems__(self, indices: Sequence[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A whole batch in one pass: one gather, one widening to int64, rows handed out as views."""
-        pairs = [self._split_index(index) for index in indices]
-        epochs = np.array([e for e, _ in pairs], dtype=np.int64)
-        rows, starts = self.locate(epochs, np.array([i for _, i in pairs], dtype=np.int64))
+    def _batch_keys(self, indices: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Epochs and indices of a batch as int64 arrays, checked all at once when they are plain ints."""
+        types = set(map(type, indices))  # type(), not isinstance(): a bool is not an index
+        plain = types == {int}
+        if plain or (types == {tuple} and set(map(type, itertools.chain.from_iterable(indices))) == {int}):
+            with contextlib.suppress(OverflowError, ValueError):  # too large, or ragged: the slow path names it
+                keys = np.array(indices, dtype=np.int64)
+                if plain or keys.shape[1:] == (2,):
+                    epochs, index = (np.zeros_like(keys), keys) if plain else (keys[:, 0], keys[:, 1])
+                    n = self.num_samples
+                    if (epochs >= 0).all() and (index >= -n).all() and (index < n).all():
+                        return epochs, index % n
+        pairs = [self._split_index(index) for index in indices]  # slow path: names the bad index
+        return np.array([e for e, _ in pairs], dtype=np.int64), np.array([i for _, i in pairs], dtype=np.int64)
+
+    def __getitems__(self, indices: Sequence[Any]) -> _Samples:
+        """A whole batch in one pass: one slice copy per window into one compact (B, seq_len + 1) array."""
+        rows, starts = self.locate(*self._batch_keys(indices))
         width = self.seq_len + 1
-        compact = np.empty((len(pairs), width), dtype=self.dtype)
-        tokens = self.tokens
+        compact = np.empty((len(starts), width), dtype=self.dtype)
+        tokens = np.asarray(self.tokens)  # a plain ndarray view: slicing it skips np.memmap's Python hooks
         if len(self.shape) == 1:
             for b, start in enumerate(starts.tolist()):
                 compact[b] = tokens[start : start + width]
         else:
             for b, (row, start) in enumerate(zip(rows.tolist(), starts.tolist())):
                 compact[b] = tokens[row, start : start + width]
-        x = torch.from_numpy(compact[:, :-1].astype(np.int64))
-        y = torch.from_numpy(compact[:, 1:].astype(np.int64))
-        return _WindowBatch(x, y)
+        return _Samples(torch.from_numpy(compact))
 
 
-class _WindowBatch(list):
-    """The list of (x_i, y_i) samples a DataLoader expects, plus the stacked x and y it came from."""
+class _Samples(Sequence):
+    """What __getitems__ returns: the (x_i, y_i) samples a DataLoader's default collate expects,
+    widened only if someone reads them; collate_windows takes the compact windows instead."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        super().__init__(zip(x, y))
-        self.x, self.y = x, y
+    def __init__(self, windows: torch.Tensor) -> None:
+        self.windows = windows
+        self._pair: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def _xy(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._pair is None:
+            self._pair = _widen(self.windows)
+        return self._pair
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self._xy()
+        return x[i], y[i]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        x, y = self._xy()
+        return zip(x.unbind(), y.unbind())
+
+
+class TokenBatch:
+    """A batch of windows as the file stores them: one (B, seq_len + 1) uint16 or uint32 tensor.
+
+    `x, y = batch` gives int64 x and y on the CPU; to_device(batch, device) copies the compact ids
+    (a quarter of the bytes of int64 for uint16) and widens them on the device.
+    """
+
+    def __init__(self, windows: torch.Tensor) -> None:
+        self.windows = windows
+
+    def pin_memory(self) -> TokenBatch:
+        return TokenBatch(self.windows.pin_memory())
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(_widen(self.windows))
+
+
+def _widen(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split (B, seq_len + 1) unsigned ids into int64 x and y, contiguous and not overlapping."""
+    if windows.device.type != "cpu":
+        return _widen_on_device(windows)
+    compact = windows.numpy()
+    pair = np.empty((2, compact.shape[0], compact.shape[1] - 1), dtype=np.int64)
+    pair[0], pair[1] = compact[:, :-1], compact[:, 1:]  # numpy widens unsigned ids directly
+    return torch.from_numpy(pair[0]), torch.from_numpy(pair[1])
+
+
+def _widen_on_device(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_widen for devices without unsigned kernels: widen the same bits as signed ints, then mask."""
+    rows, width = windows.shape
+    bits = 8 * windows.element_size()
+    signed = windows.view(torch.int16 if bits == 16 else torch.int32)
+    pair = torch.empty((2, rows, width - 1), dtype=torch.int64, device=windows.device)
+    pair[0], pair[1] = signed[:, :-1], signed[:, 1:]
+    pair.bitwise_and_((1 << bits) - 1)
+    return pair[0], pair[1]
 
 
 def collate_windows(batch: list) -> Any:
-    """Collate for NpyTokensDataset: hands back the batch its __getitems__ built, without copying."""
-    if isinstance(batch, _WindowBatch):
-        return batch.x, batch.y
+    """Collate for NpyTokensDataset: wraps the windows its __getitems__ gathered, copying nothing."""
+    if isinstance(batch, _Samples):
+        return TokenBatch(batch.windows)
     return default_collate(batch)
 
 
@@ -553,7 +623,10 @@ def make_dataloaders(
     return train_loader, val_loader
 
 
-def to_device(batch: Sequence[torch.Tensor], device: str | torch.device) -> tuple[torch.Tensor, ...]:
-    """Move every tensor of a batch to device; asynchronous when the batch is in pinned memory."""
+def to_device(batch: TokenBatch | Sequence[torch.Tensor], device: str | torch.device) -> tuple[torch.Tensor, ...]:
+    """Move a batch to device (asynchronously from pinned memory); a TokenBatch is widened there."""
     device = torch.device(device)
+    if isinstance(batch, TokenBatch):
+        windows = batch.windows.to(device, non_blocking=batch.windows.is_pinned())
+        return _widen(windows)
     return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)

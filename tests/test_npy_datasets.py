@@ -117,6 +117,29 @@ def test_batched_gather_equals_item_by_item(arange_file):
         assert y.min().item() >= 0  # y is its own tensor: editing x cannot change it
 
 
+def test_a_batch_of_bad_indices_names_the_bad_one(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(100), 9)
+    for bad, err in [([0, len(ds)], IndexError), ([(0, 1), (-1, 2)], TypeError), ([1.5, 2], TypeError),
+                     ([True, 1], TypeError), ([(0, 1, 2)], TypeError), ([2**70], IndexError)]:  # fmt: skip
+        with pytest.raises(err):
+            ds.__getitems__(bad)
+    x, _ = nd.collate_windows(ds.__getitems__([np.int64(2), -1, torch.tensor(0)]))
+    assert x[:, 0].tolist() == [18, 90, 0]
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_compact_batches_widen_exactly_on_any_path(tmp_path, dtype):
+    top = np.iinfo(dtype).max  # ids with the sign bit set would turn negative in a signed widening
+    tokens = (top - np.arange(3000, dtype=np.int64)).astype(dtype)
+    ds = nd.NpyTokensDataset(write_tokens(tmp_path / "hi.npy", tokens), 16)
+    batch = nd.collate_windows(ds.__getitems__([0, 5, 100]))
+    assert isinstance(batch, nd.TokenBatch) and batch.windows.shape == (3, 17)
+    x, y = batch
+    assert x[0, 0].item() == top and x.dtype == torch.int64 and torch.equal(y[:, :-1], x[:, 1:])
+    assert all(torch.equal(a, b) for a, b in zip(nd.to_device(batch, "cpu"), (x, y)))
+    assert all(torch.equal(a, b) for a, b in zip(nd._widen_on_device(batch.windows), (x, y)))
+
+
 def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
     ds = nd.NpyTokensDataset(arange_file(3000, dtype=np.uint16), 31)
     x, y = next(iter(DataLoader(ds, batch_size=5)))
@@ -212,9 +235,10 @@ def test_to_device_on_cpu():
 def test_pinned_batches_reach_the_gpu(arange_file):
     ds = nd.NpyTokensDataset(arange_file(5000, dtype=np.uint16), 32)
     train, _ = nd.make_dataloaders(ds, ds, batch_size=4, num_workers=0)
-    x, y = next(iter(train))
-    assert x.is_pinned() and y.is_pinned()
-    xg, yg = nd.to_device((x, y), "cuda")
+    batch = next(iter(train))
+    assert batch.windows.is_pinned()
+    xg, yg = nd.to_device(batch, "cuda")
+    x, y = batch
     assert xg.is_cuda and torch.equal(yg[:, :-1].cpu(), x[:, 1:])
 
 
