@@ -260,7 +260,7 @@ def _resolve_dataset(dataset: str | os.PathLike | None) -> tuple[str, Path | Non
 
 def _sample_hint() -> str:
     sample = _display_path(REPO_ROOT / SAMPLE_DATASET)
-    return f"use the bundled sample instead: omit --dataset, or pass --dataset {sample}"
+    return f"Use the bundled sample instead: omit --dataset, or pass --dataset {sample}"
 
 
 def _load_hub(name: str) -> tuple[dict[str, datasets.Dataset], dict[str, str]]:
