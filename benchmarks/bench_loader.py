@@ -144,18 +144,20 @@ class _Epochs:
     workers are reused, so the per-epoch cost is part of the timed steady state.
     """
 
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, loader: DataLoader, finish: Callable | None = None) -> None:
         self.loader = loader
         self.it = iter(loader)
         self.epochs = 1
+        self.finish = finish  # applied to every batch inside the timed call (e.g. to_device)
 
     def __call__(self):
         try:
-            return next(self.it)
+            batch = next(self.it)
         except StopIteration:
             self.it = iter(self.loader)
             self.epochs += 1
-            return next(self.it)
+            batch = next(self.it)
+        return batch if self.finish is None else self.finish(batch)
 
     def cleanup(self) -> None:
         shutdown = getattr(self.it, "_shutdown_workers", None)
@@ -164,8 +166,8 @@ class _Epochs:
         self.it = None
 
 
-def _loader_iter(loader: DataLoader):
-    epochs = _Epochs(loader)
+def _loader_iter(loader: DataLoader, finish: Callable | None = None):
+    epochs = _Epochs(loader, finish)
     return epochs, epochs.cleanup
 
 
@@ -204,11 +206,13 @@ def build_npy_plain(path: Path, B: int, T: int, seed: int, workers: int):
 
 
 def build_npy_helper(path: Path, B: int, T: int, seed: int, workers: int, mode: str):
-    """The module's own helper: make_dataloaders (EpochSampler + collate_windows), train loader."""
+    """The module's own helper: make_dataloaders (EpochSampler + collate_windows), train loader,
+    each batch then made int64 x, y by to_device(batch, "cpu") inside the timed call, as a training
+    loop does (the loader yields compact TokenBatch objects; widening happens in to_device)."""
     ds = npy_datasets.NpyTokensDataset(path, T, mode=mode, seed=seed)
     ds_val = npy_datasets.NpyTokensDataset(path, T, mode="windows")
     train_loader, _ = npy_datasets.make_dataloaders(ds, ds_val, batch_size=B, num_workers=workers, seed=seed)
-    return _loader_iter(train_loader)
+    return _loader_iter(train_loader, lambda batch: npy_datasets.to_device(batch, "cpu"))
 
 
 class _ZeroWorkBatches(Dataset):
