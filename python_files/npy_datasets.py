@@ -490,23 +490,22 @@ class _Samples(Sequence):
 
     def __init__(self, windows: torch.Tensor) -> None:
         self.windows = windows
-        self._pair: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._samples: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def _rows(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if self._samples is None:
+            x, y = _widen(self.windows)
+            self._samples = list(zip(x.unbind(), y.unbind()))
+        return self._samples
 
     def __len__(self) -> int:
         return len(self.windows)
 
-    def _xy(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._pair is None:
-            self._pair = _widen(self.windows)
-        return self._pair
-
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self._xy()
-        return x[i], y[i]
+        return self._rows()[i]
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        x, y = self._xy()
-        return zip(x.unbind(), y.unbind())
+        return iter(self._rows())
 
 
 class TokenBatch:
