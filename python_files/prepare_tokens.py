@@ -65,7 +65,9 @@ from tqdm import tqdm  # noqa: E402
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # npy_datasets.py sits beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from npy_datasets import FORMAT_VERSION, TokenFileError, read_sidecar, sidecar_path, token_dtype  # noqa: E402
+from npy_datasets import (  # noqa: E402
+    FORMAT_VERSION, TokenFileError, _check_dtype, _sha256, read_sidecar, sidecar_path, token_dtype,
+)
 
 __all__ = [
     "TextSplit",
@@ -173,13 +175,6 @@ def _check_layout(layout: str) -> None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
-def _check_token_dtype(dtype: Any) -> np.dtype:
-    dt = np.dtype(dtype)
-    if dt.kind != "u" or dt.itemsize not in (2, 4):
-        raise ValueError(f"token dtype must be uint16 or uint32, got {dt}")
-    return dt.newbyteorder("<")  # files are little-endian on every machine
-
-
 def _check_split_names(splits: Sequence[str] | str) -> tuple[str, ...]:
     names = (splits,) if isinstance(splits, str) else tuple(splits)
     if not names or not all(isinstance(s, str) and s for s in names):
@@ -282,14 +277,7 @@ def _load_hub(name: str) -> tuple[dict[str, datasets.Dataset], dict[str, str]]:
 
 def _sha256_files(paths: Iterable[str]) -> str:
     """sha256 over the files' own sha256 values, in order: identical bytes give identical ids."""
-    digests = []
-    for path in paths:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-        digests.append(h.hexdigest())
-    return hashlib.sha256(" ".join(digests).encode()).hexdigest()
+    return hashlib.sha256(" ".join(_sha256(Path(path)) for path in paths).encode()).hexdigest()
 
 
 def _load_local(path: Path) -> tuple[dict[str, datasets.Dataset], dict[str, str]]:
@@ -413,7 +401,7 @@ def tokenize_documents(
 
 def npy_header(dtype: Any, n_tokens: int) -> bytes:
     """A .npy format 1.0 header for a 1-D array of n_tokens, always NPY_HEADER_SIZE bytes long."""
-    descr = _check_token_dtype(dtype).str  # e.g. '<u2'
+    descr = _check_dtype(dtype, "token dtype").str  # e.g. '<u2'
     fields = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({int(n_tokens)},), }}"
     text_len = NPY_HEADER_SIZE - 10  # after magic (6 bytes), version (2) and the length field (2)
     if len(fields) >= text_len:
@@ -496,7 +484,7 @@ def write_token_file(
 ) -> dict[str, Any]:
     """Stream id chunks into path atomically (its old sidecar is deleted); return counts, size and sha256."""
     path = Path(path)
-    dtype = _check_token_dtype(dtype)
+    dtype = _check_dtype(dtype, "token dtype")
     _check_layout(layout)
     if path.suffix != f".{layout}":
         raise ValueError(f"a {layout} token file must end in .{layout}, got {path.name!r}")
