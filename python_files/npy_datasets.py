@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import glob
 import hashlib
 import itertools
 import json
@@ -33,10 +34,12 @@ __all__ = [
     "open_tokens",
     "NpyTokensDataset",
     "EpochSampler",
+    "ResumableDataLoader",
     "TokenBatch",
     "collate_windows",
     "default_num_workers",
     "make_dataloaders",
+    "verify_across_ranks",
     "to_device",
 ]
 
@@ -44,6 +47,8 @@ FORMAT_VERSION = 1  # version of the JSON sidecar written beside each token file
 TOKEN_DTYPES = ("uint16", "uint32")  # uint16 holds ids < 65,536 (GPT-2: 50,257); uint32 the rest
 NPY_MAGIC = b"\x93NUMPY"
 MAX_NPY_HEADER = 10_000  # bytes; numpy's own default limit, checked before anything is parsed
+LLMC_HEADER_BYTES = 256 * 4  # llm.c shards: 256 int32 words (magic, version, token count, ...)
+LLMC_FORMATS = {20240520: (1, np.dtype("<u2")), 20240801: (7, np.dtype("<u4"))}  # magic: (version, dtype)
 WINDOW_MODES = ("windows", "random")  # non-overlapping windows, or nanoGPT-style random starts
 
 
@@ -204,12 +209,47 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _read_llmc_header(path: Path) -> tuple[np.dtype, tuple[int, ...], int]:
+    """Parse the header of an llm.c / modded-nanogpt shard: 256 little-endian int32 words, the
+    first three being magic, version and token count, then the tokens."""
+    size = _regular_file_size(path)
+    with open(path, "rb") as f:
+        head = f.read(LLMC_HEADER_BYTES)
+    magic = int.from_bytes(head[:4], "little")
+    version, dtype = LLMC_FORMATS[magic]
+    if len(head) < LLMC_HEADER_BYTES:
+        raise TokenFileError(
+            f"{str(path)!r}: truncated llm.c header: need {LLMC_HEADER_BYTES} bytes, file has {size}"
+        )
+    found_version, count = (int.from_bytes(head[i : i + 4], "little", signed=True) for i in (4, 8))
+    if found_version != version:
+        raise TokenFileError(
+            f"{str(path)!r}: llm.c magic {magic} goes with version {version}, found version {found_version}"
+        )
+    expected = LLMC_HEADER_BYTES + count * dtype.itemsize
+    if count <= 0 or expected != size:
+        raise TokenFileError(
+            f"{str(path)!r}: llm.c header declares {count} tokens of {dtype.name} ({expected} bytes with "
+            f"the header), but the file has {size} bytes"
+        )
+    return dtype, (count,), LLMC_HEADER_BYTES
+
+
 def _file_layout(
     path: Path, dtype: Any, meta: dict[str, Any] | None
 ) -> tuple[str, np.dtype, tuple[int, ...], int]:
-    """Describe a token file as (layout, dtype, shape, data offset), from its header or its size."""
+    """Describe a token file as (layout, dtype, shape, data offset): "npy", "llmc" (both found from
+    the file's first bytes) or "bin" (raw, headerless: dtype from the argument or the sidecar)."""
     with open(path, "rb") as f:
-        is_npy = f.read(6) == NPY_MAGIC
+        head = f.read(8)
+    is_npy = head[:6] == NPY_MAGIC
+    if not is_npy and len(head) >= 4 and int.from_bytes(head[:4], "little") in LLMC_FORMATS:
+        file_dtype, shape, offset = _read_llmc_header(path)
+        if dtype is not None and _check_dtype(dtype, "dtype argument") != file_dtype:
+            raise TokenFileError(
+                f"{str(path)!r} is an llm.c shard of {file_dtype.name} but dtype={np.dtype(dtype).name} was passed"
+            )
+        return "llmc", file_dtype, shape, offset
     if is_npy or path.suffix == ".npy":
         file_dtype, shape, offset = read_npy_header(path)
         if dtype is not None and _check_dtype(dtype, "dtype argument") != file_dtype:
@@ -272,10 +312,13 @@ def open_tokens(
     vocab_size: int | None = None,
     verify: bool = False,
 ) -> np.memmap:
-    """Open a .npy or raw .bin token file as a read-only memmap, after checking it and its sidecar.
+    """Open a token file as a read-only memmap, after checking it and its sidecar.
+
+    The format is found from the file: a .npy file, an llm.c / modded-nanogpt shard (magic 20240520
+    for uint16, 20240801 for uint32), or else a raw headerless file such as nanoGPT's train.bin.
 
     Args:
-        dtype: needed only for a raw .bin file without a sidecar.
+        dtype: needed only for a raw file without a sidecar (np.uint16 for nanoGPT's train.bin).
         vocab_size: the model's vocabulary size; refuse files whose ids could reach past it.
         verify: also compare the file's sha256 with the sidecar's (reads the whole file).
     """
@@ -309,37 +352,76 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 _MASK64 = (1 << 64) - 1
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a fast, well-spread hash of uint64 values (wraps mod 2**64)."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+def _mix64(x: Any) -> Any:
+    """SplitMix64's finaliser: a fast, well-spread hash of uint64 values (a Python int, or an
+    array of them, wrapping mod 2**64)."""
+    if isinstance(x, int):
+        x = (x + 0x9E3779B97F4A7C15) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return x ^ (x >> 31)
+    x = x + np.uint64(0x9E3779B97F4A7C15)  # a new array; the rest works in place
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
 
 
 def _keyed_hash(seed: int, stream: int, epoch: np.ndarray, index: np.ndarray) -> np.ndarray:
     """A uint64 that depends only on (seed, stream, epoch, index): no RNG state anywhere."""
-    key = _mix64(np.array([(seed * 4 + stream) & _MASK64], dtype=np.uint64))
-    return _mix64(_mix64(key + epoch.astype(np.uint64)) + index.astype(np.uint64))
+    key = _mix64((seed * 4 + stream) & _MASK64)
+    first = int(epoch[0]) if len(epoch) else 0
+    if (epoch == first).all():  # one epoch per batch, as EpochSampler gives: hash it once, as an int
+        return _mix64(np.uint64(_mix64((key + first) & _MASK64)) + index.astype(np.uint64))
+    return _mix64(_mix64(np.uint64(key) + epoch.astype(np.uint64)) + index.astype(np.uint64))
+
+
+def _expand_paths(path: Any) -> list[str]:
+    """One token file, a list of them, or a glob pattern ('data/train_*.npy', sorted by name)."""
+    if isinstance(path, (str, os.PathLike)):
+        text = os.fspath(path)
+        if any(ch in text for ch in "*?[") and not os.path.exists(text):
+            found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))  # skip the sidecars
+            if not found:
+                raise FileNotFoundError(f"no token file matches the pattern {text!r}")
+            return found
+        return [text]
+    if isinstance(path, (list, tuple)) and path:
+        bad = [p for p in path if not isinstance(p, (str, os.PathLike))]
+        if bad:
+            raise TypeError(f"path list items must be str or os.PathLike, got {type(bad[0]).__name__} {bad[0]!r}")
+        return [os.fspath(p) for p in path]
+    raise TypeError(f"path must be a token file, a non-empty list of them or a glob pattern, got {path!r}")
+
+
+def _file_identity(path: str) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class NpyTokensDataset(Dataset):
-    """(x, y) next-token windows, int64 tensors of shape (seq_len,), read from a memmapped token file.
+    """(x, y) next-token windows, int64 tensors of shape (seq_len,), read from memmapped token files.
 
-    mode="windows": window i of a 1-D file of N tokens is tokens[i*seq_len : i*seq_len + seq_len + 1],
-    x its first seq_len tokens and y its last seq_len; there are (N - 1) // seq_len windows, and the
-    last N - 1 - len*seq_len tokens are never an x. With epoch_offset=True every window of an epoch
-    moves right by one offset in [0, seq_len) drawn from (seed, epoch), and there are (N - seq_len)
-    // seq_len windows. mode="random": num_samples windows (default: as many as mode "windows"),
-    each starting anywhere in [0, N - seq_len - 1], drawn from (seed, epoch, index). In a 2-D file
-    each row is a separate sequence and no window crosses a row.
+    path is one token file, a list of them or a glob pattern (matches sorted by name); the files
+    share one index space, in order, and no window crosses a file boundary (nor a row of a 2-D
+    file: each row is a separate sequence). Per sequence of N tokens:
+
+    mode="windows": window i is tokens[i*seq_len : i*seq_len + seq_len + 1], x its first seq_len
+    tokens and y its last seq_len; there are (N - 1) // seq_len windows, and the last
+    N - 1 - windows*seq_len tokens are never an x (file_summary() counts them). With
+    epoch_offset=True every window of an epoch moves right by one offset in [0, seq_len) drawn from
+    (seed, epoch), and there are (N - seq_len) // seq_len windows. mode="random": num_samples
+    windows (default: as many as mode "windows"), each starting anywhere in [0, N - seq_len - 1] of
+    any sequence, drawn from (seed, epoch, index). A sequence too short for one window adds none.
 
     An index is an int (epoch 0) or an (epoch, index) pair, as EpochSampler yields.
     """
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike | Sequence[str | os.PathLike],
         seq_len: int,
         *,
         mode: str = "windows",
@@ -360,54 +442,79 @@ class NpyTokensDataset(Dataset):
         if epoch_offset and mode != "windows":
             raise ValueError('epoch_offset applies to mode="windows" only; random starts already vary')
         self.epoch_offset = epoch_offset
-        self.path = str(path)
-        arr = open_tokens(self.path, dtype, vocab_size=vocab_size, verify=verify)
-        self.dtype = arr.dtype.name
-        self.shape = tuple(int(d) for d in arr.shape)
-        self._offset = int(arr.offset)
-        self._identity = self._file_identity()
-        self._arr: np.memmap | None = arr
-        rows, row_len = (1, self.shape[0]) if len(self.shape) == 1 else self.shape
-        need = 2 * self.seq_len if epoch_offset else self.seq_len + 1
-        if row_len < need:
-            what = "each row has" if len(self.shape) == 2 else "the file has"
+        if num_samples is not None and mode != "random":
+            raise ValueError('num_samples applies to mode="random" only; mode="windows" has exactly one window per slot')
+        self.paths = _expand_paths(path)
+        self.dtype = ""
+        self._files: list[tuple[str, tuple[int, int], int, tuple[int, int, int, int]]] = []
+        for p in self.paths:  # check every file now: a bad shard fails here, not mid-run
+            arr = open_tokens(p, dtype, vocab_size=vocab_size, verify=verify)
+            if self.dtype and arr.dtype.name != self.dtype:
+                raise TokenFileError(
+                    f"{p!r} holds {arr.dtype.name} but {self.paths[0]!r} holds {self.dtype}; "
+                    "the files of one dataset need one dtype"
+                )
+            self.dtype = arr.dtype.name
+            rows, row_len = (1, arr.shape[0]) if arr.ndim == 1 else arr.shape
+            self._files.append((p, (int(rows), int(row_len)), int(arr.offset), _file_identity(p)))
+        spare = self.seq_len - 1 if epoch_offset else 0  # tokens an offset may take from the front
+        self._per_row = [max(0, (row_len - 1 - spare) // self.seq_len) for _, (_, row_len), _, _ in self._files]
+        windows = sum(rows * w for (_, (rows, _), _, _), w in zip(self._files, self._per_row))
+        if windows == 0:
+            need = 2 * self.seq_len if epoch_offset else self.seq_len + 1
+            longest = max(row_len for _, (_, row_len), _, _ in self._files)
+            if len(self.paths) > 1:
+                where = f"none of the {len(self.paths)} files holds a window: the longest sequence has"
+            else:
+                where = f"{self.paths[0]!r}: {'each row has' if self._files[0][1][0] > 1 else 'the file has'}"
             raise ValueError(
-                f"{self.path!r}: {what} {row_len} tokens; seq_len={self.seq_len} needs at least {need} "
+                f"{where} {longest} tokens; seq_len={self.seq_len} needs at least {need} "
                 + ("(two windows, so any offset leaves one)" if epoch_offset else "(one x plus its shifted y)")
             )
-        self._rows, self._row_len = rows, row_len
-        spare = self.seq_len - 1 if epoch_offset else 0  # tokens an offset may take from the front
-        self.windows_per_row = (row_len - 1 - spare) // self.seq_len
-        if mode == "random":
-            self.num_samples = rows * self.windows_per_row if num_samples is None else _check_int("num_samples", num_samples, 1)
-        elif num_samples is not None:
-            raise ValueError('num_samples applies to mode="random" only; mode="windows" has exactly one window per slot')
-        else:
-            self.num_samples = rows * self.windows_per_row
-
-    def _file_identity(self) -> tuple[int, int, int, int]:
-        st = os.stat(self.path)
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self.num_samples = windows if num_samples is None else _check_int("num_samples", num_samples, 1)
+        self._maps: list[np.memmap | None] = [None] * len(self._files)
+        self._tables: tuple[np.ndarray, ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_arr"] = None  # never pickle the mapped data: each worker reopens the file itself
+        state["_maps"] = [None] * len(self._files)  # never pickle mapped data: each worker reopens the files
+        state["_tables"] = None  # rebuilt on first use, so a worker's pickle stays small
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
-    @property
-    def tokens(self) -> np.memmap:
-        """The read-only memmap, opened lazily in whichever process uses it first."""
-        if self._arr is None:
-            if self._file_identity() != self._identity:
+    def memmap(self, f: int = 0) -> np.memmap:
+        """The read-only memmap of file f (1-D), opened lazily in whichever process uses it first."""
+        if self._maps[f] is None:
+            path, (rows, row_len), offset, identity = self._files[f]
+            if _file_identity(path) != identity:
                 raise TokenFileError(
-                    f"{self.path!r} changed since the dataset was opened (size, inode or mtime differ); "
+                    f"{path!r} changed since the dataset was opened (size, inode or mtime differ); "
                     "build a new dataset after the prep step finishes"
                 )
-            self._arr = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self._offset, shape=self.shape)
-        return self._arr
+            self._maps[f] = np.memmap(path, dtype=self.dtype, mode="r", offset=offset, shape=(rows * row_len,))
+        return self._maps[f]
+
+    def file_summary(self) -> list[dict[str, Any]]:
+        """Per file: tokens, sequences (rows), windows, and tokens no window of mode "windows" uses."""
+        out = []
+        for (path, (rows, row_len), _, _), per_row in zip(self._files, self._per_row):
+            used = per_row * self.seq_len + 1 if per_row else 0
+            out.append({"path": path, "tokens": rows * row_len, "rows": rows, "windows": rows * per_row,
+                        "unused_tokens": rows * (row_len - used)})  # fmt: skip
+        return out
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides this dataset's windows, for comparing runs and ranks: each file's name,
+        size, dtype and shape (and sha256 from its sidecar), and the window settings."""
+        files = []
+        for path, shape, _, identity in self._files:
+            meta = read_sidecar(path)
+            files.append({"name": Path(path).name, "bytes": identity[2], "dtype": self.dtype, "shape": list(shape),
+                          "sha256": meta["sha256"] if meta else None})  # fmt: skip
+        return {"files": files, "seq_len": self.seq_len, "mode": self.mode, "num_samples": self.num_samples,
+                "seed": self.seed, "epoch_offset": self.epoch_offset}  # fmt: skip
 
     def __len__(self) -> int:
         return self.num_samples
@@ -432,30 +539,54 @@ class NpyTokensDataset(Dataset):
             raise IndexError(f"index {i} is out of range for {n} windows")
         return int(epoch), i % n
 
-    def locate(self, epochs: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Row and first-token position of each window, given arrays of epochs and indices."""
-        per_row = self.windows_per_row
+    def _layout_tables(self) -> tuple[np.ndarray, ...]:
+        """Per-file arrays: row length, windows per row, starts per row, and cumulative counts."""
+        if self._tables is None:
+            rows, row_len = np.array([shape for _, shape, _, _ in self._files], dtype=np.int64).T
+            per_row = np.array(self._per_row, dtype=np.int64)
+            starts = np.maximum(row_len - self.seq_len, 0)  # valid random starts: 0 .. row_len - seq_len - 1
+            window_cum = np.concatenate(([0], np.cumsum(rows * per_row)))  # file f holds [cum[f], cum[f+1])
+            start_cum = np.concatenate(([0], np.cumsum(rows * starts)))
+            self._tables = (row_len, per_row, starts, window_cum, start_cum)
+        return self._tables
+
+    def locate(self, epochs: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """File, row and first-token position of each window, given arrays of epochs and indices."""
+        row_len, per_row, starts_per_row, window_cum, start_cum = self._layout_tables()
         if self.mode == "windows":
-            rows, slot = np.divmod(indices, per_row)
+            cum, local = window_cum, indices
+        else:
+            cum = start_cum
+            local = (_keyed_hash(self.seed, 2, epochs, indices) % np.uint64(start_cum[-1])).astype(np.int64)
+        if len(cum) == 2:  # one file: no search, plain ints
+            files = np.zeros(len(local), dtype=np.int64)
+            per_row, starts_per_row = int(per_row[0]), int(starts_per_row[0])
+        else:  # the file whose range holds each index; a file without windows has an empty range
+            files = np.searchsorted(cum[1:], local, side="right").astype(np.int64)
+            local = local - cum[files]
+            per_row, starts_per_row = per_row[files], starts_per_row[files]
+        if self.mode == "windows":
+            rows, slot = np.divmod(local, per_row)
             starts = slot * self.seq_len
             if self.epoch_offset:
-                starts = starts + (_keyed_hash(self.seed, 1, epochs, np.zeros_like(indices)) % np.uint64(self.seq_len)).astype(np.int64)
+                shift = _keyed_hash(self.seed, 1, epochs, np.zeros_like(indices)) % np.uint64(self.seq_len)
+                starts += shift.astype(np.int64)
         else:
-            choices = self._row_len - self.seq_len  # valid starts per row: 0 .. row_len - seq_len - 1
-            pick = _keyed_hash(self.seed, 2, epochs, indices) % np.uint64(self._rows * choices)
-            rows, starts = np.divmod(pick.astype(np.int64), choices)
-        return rows.astype(np.int64), starts.astype(np.int64)
+            rows, starts = np.divmod(local, starts_per_row)
+        return files, rows, starts
 
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, i = self._split_index(index)
-        rows, starts = self.locate(np.array([epoch]), np.array([i]))
-        row, start = int(rows[0]), int(starts[0])
-        data = self.tokens if len(self.shape) == 1 else self.tokens[row]
-        window = data[start : start + self.seq_len + 1]
+        files, rows, starts = self.locate(np.array([epoch]), np.array([i]))
+        f, first = int(files[0]), int(rows[0]) * self._files[int(files[0])][1][1] + int(starts[0])
+        window = self.memmap(f)[first : first + self.seq_len + 1]
         return torch.from_numpy(window[:-1].astype(np.int64)), torch.from_numpy(window[1:].astype(np.int64))
 
     def _batch_keys(self, indices: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         """Epochs and indices of a batch as int64 arrays, checked all at once when they are plain ints."""
+        n = self.num_samples
+        if type(indices) is _BatchKeys and indices.bound <= n:  # EpochSampler's: in range by construction
+            return np.full(len(indices.indices), indices.epoch, dtype=np.int64), indices.indices
         types = set(map(type, indices))  # type(), not isinstance(): a bool is not an index
         plain = types == {int}
         if plain or (types == {tuple} and set(map(type, itertools.chain.from_iterable(indices))) == {int}):
@@ -463,7 +594,6 @@ class NpyTokensDataset(Dataset):
                 keys = np.array(indices, dtype=np.int64)
                 if plain or keys.shape[1:] == (2,):
                     epochs, index = (np.zeros_like(keys), keys) if plain else (keys[:, 0], keys[:, 1])
-                    n = self.num_samples
                     if (epochs >= 0).all() and (index >= -n).all() and (index < n).all():
                         return epochs, index % n
         pairs = [self._split_index(index) for index in indices]  # slow path: names the bad index
@@ -471,16 +601,19 @@ class NpyTokensDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[Any]) -> _Samples:
         """A whole batch in one pass: one slice copy per window into one compact (B, seq_len + 1) array."""
-        rows, starts = self.locate(*self._batch_keys(indices))
+        files, rows, starts = self.locate(*self._batch_keys(indices))
+        row_len = self._layout_tables()[0]
+        firsts = (rows * (int(row_len[0]) if len(row_len) == 1 else row_len[files]) + starts).tolist()
         width = self.seq_len + 1
-        compact = np.empty((len(starts), width), dtype=self.dtype)
-        tokens = np.asarray(self.tokens)  # a plain ndarray view: slicing it skips np.memmap's Python hooks
-        if len(self.shape) == 1:
-            for b, start in enumerate(starts.tolist()):
-                compact[b] = tokens[start : start + width]
+        compact = np.empty((len(firsts), width), dtype=self.dtype)
+        if len(self._files) == 1:
+            tokens = np.asarray(self.memmap(0))  # a plain ndarray view: slicing it skips np.memmap's Python hooks
+            for b, first in enumerate(firsts):
+                compact[b] = tokens[first : first + width]
         else:
-            for b, (row, start) in enumerate(zip(rows.tolist(), starts.tolist())):
-                compact[b] = tokens[row, start : start + width]
+            maps = {f: np.asarray(self.memmap(f)) for f in set(files.tolist())}
+            for b, (f, first) in enumerate(zip(files.tolist(), firsts)):
+                compact[b] = maps[f][first : first + width]
         return _Samples(torch.from_numpy(compact))
 
 
@@ -553,34 +686,237 @@ def collate_windows(batch: list) -> Any:
     return default_collate(batch)
 
 
-class EpochSampler(Sampler):
-    """Yields (epoch, index) pairs: a fresh permutation of range(n) per epoch, from (seed, epoch) only.
+class _BatchKeys(Sequence):
+    """One batch from EpochSampler: an epoch and an int64 array of indices. NpyTokensDataset reads
+    it whole; any other dataset sees a sequence of (epoch, index) pairs."""
 
-    Each new iteration moves to the next epoch, so a persistent DataLoader worker never needs to
-    be told; set_epoch(e) chooses the epoch of the next iteration explicitly.
-    """
+    __slots__ = ("epoch", "indices", "bound")
 
-    def __init__(self, data_source: Any, *, shuffle: bool = True, seed: int = 0) -> None:
-        self.num_samples = len(data_source)
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
-        self.shuffle = shuffle
-        self.seed = _check_int("seed", seed, 0)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = _check_int("epoch", epoch, 0)
+    def __init__(self, epoch: int, indices: np.ndarray, bound: int) -> None:
+        self.epoch, self.indices, self.bound = epoch, indices, bound  # every index is in [0, bound)
 
     def __len__(self) -> int:
-        return self.num_samples
+        return len(self.indices)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch, self.epoch = self.epoch, self.epoch + 1
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return self.epoch, int(self.indices[i])
+
+    def __repr__(self) -> str:
+        return f"_BatchKeys(epoch={self.epoch}, indices={self.indices.tolist()})"
+
+
+SAMPLER_STATE_FORMAT = "npy_datasets.EpochSampler"
+REMAINDERS = ("drop", "pad")  # what a rank does when world_size does not divide an epoch
+
+
+class EpochSampler(Sampler):
+    """A fresh order of a dataset's windows each epoch, for one rank: (epoch, index) pairs, or batches.
+
+    The order of epoch e is a permutation of range(n) drawn from (seed, e) alone (range(n) with
+    shuffle=False), the same on every rank. With world_size W (default: torch.distributed's, once it
+    is initialised) rank r takes items r, r + W, r + 2W, ... of it, so ranks are disjoint and
+    together cover the epoch, whatever the number of DataLoader workers. When W does not divide n,
+    remainder="drop" leaves out the epoch's last n % W items (other ones each shuffled epoch) and
+    remainder="pad" repeats its first W - n % W items: see .dropped and .padded.
+
+    batch_size=B makes it a batch sampler for DataLoader(batch_sampler=...): each batch reaches
+    NpyTokensDataset.__getitems__ as one array; drop_last drops a rank's short last batch.
+
+    Each iteration starts the next epoch, so persistent workers never need telling; set_epoch(e)
+    picks the next one. state_dict() / load_state_dict() carry the position in the epoch's order
+    (as torchdata's StatefulDataLoader expects of a sampler); ResumableDataLoader uses them to resume
+    after exactly the batches a training loop received.
+    """
+
+    def __init__(
+        self,
+        data_source: Any,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        world_size: int | None = None,
+        rank: int | None = None,
+        remainder: str = "drop",
+    ) -> None:
+        self.num_samples = len(data_source)
+        for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.seed = _check_int("seed", seed, 0)
+        self.batch_size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
+        if world_size is None and rank is None:
+            distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+            world_size, rank = (torch.distributed.get_world_size(), torch.distributed.get_rank()) if distributed else (1, 0)
+        elif world_size is None or rank is None:
+            raise ValueError(f"pass both world_size and rank, or neither; got world_size={world_size}, rank={rank}")
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}) for world_size={self.world_size}, got {self.rank}")
+        if remainder not in REMAINDERS:
+            raise ValueError(f"remainder must be one of {REMAINDERS}, got {remainder!r}")
+        self.remainder = remainder
+        if self.num_samples < 1:
+            raise ValueError("EpochSampler needs a dataset with at least one window")
+        self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
+        self.epoch = 0
+        self._start = 0  # where in the epoch's order the next iteration begins (set by load_state_dict)
+        self._live: dict[str, int] | None = None  # the iteration in progress: epoch, start, items handed out
+
+    @property
+    def dropped(self) -> int:
+        """Windows of a whole epoch that no rank sees (remainder="drop")."""
+        return self.num_samples % self.world_size if self.remainder == "drop" else 0
+
+    @property
+    def padded(self) -> int:
+        """Windows of a whole epoch that two ranks see (remainder="pad")."""
+        return -self.num_samples % self.world_size if self.remainder == "pad" else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self._start = _check_int("epoch", epoch, 0), 0
+
+    def _rank_items(self, start: int) -> int:
+        """How many items this rank gets from an epoch entered at position start."""
+        left = self.num_samples - start
+        return left // self.world_size if self.remainder == "drop" else -(-left // self.world_size)
+
+    def _yielded(self, items: int) -> int:
+        """How many items an iteration of `items` items hands out (whole batches only with drop_last)."""
+        return items - items % self.batch_size if self.batch_size and self.drop_last else items
+
+    def __len__(self) -> int:
+        items = self._yielded(self._rank_items(0))
+        return items if self.batch_size is None else -(-items // self.batch_size)
+
+    def order(self, epoch: int, start: int = 0) -> np.ndarray:
+        """This rank's indices of `epoch`, from position `start` of the epoch's order on."""
+        n, world = self.num_samples, self.world_size
+        full = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        rest = full[start:]
+        extra = len(rest) % world
+        if extra and self.remainder == "drop":
+            rest = rest[: len(rest) - extra]
+        elif extra:
+            rest = np.concatenate((rest, np.resize(full, world - extra)))  # repeat the epoch's first items
+        return rest[self.rank :: world]
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator: nothing happens until the first item is asked for, so an iterator that a
+        # DataLoader makes and drops unused does not use up an epoch.
+        epoch, start = self.epoch, self._start
+        self.epoch, self._start = epoch + 1, 0
+        mine = self.order(epoch, start)
+        stop = self._yielded(len(mine))
+        live = self._live = {"epoch": epoch, "start": start, "handed": 0, "stop": stop}
+        if self.batch_size is None:
+            for k, i in enumerate(mine[:stop].tolist(), 1):
+                live["handed"] = k
+                yield epoch, i
         else:
-            order = np.arange(self.num_samples)
-        return ((epoch, i) for i in order.tolist())
+            for lo in range(0, stop, self.batch_size):
+                live["handed"] = min(lo + self.batch_size, stop)
+                yield _BatchKeys(epoch, mine[lo : lo + self.batch_size], self.num_samples)
+
+    def _state(self, epoch: int, start: int, items: int, stop: int) -> dict[str, Any]:
+        """The state after this rank took `items` of the `stop` items an iteration entered at start."""
+        position = start + items * self.world_size
+        if items >= stop or position >= self.num_samples:
+            epoch, position = epoch + 1, 0
+        return {
+            "format": SAMPLER_STATE_FORMAT, "version": 1, "epoch": epoch, "position": position,
+            "num_samples": self.num_samples, "shuffle": self.shuffle, "seed": self.seed,
+            "dataset": self._fingerprint,
+        }  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next item comes from: epoch and position in the epoch's order (JSON-ready).
+
+        Counts what this sampler handed out; with DataLoader workers that runs ahead of what the
+        training loop received, so use ResumableDataLoader.state_dict() for checkpoints."""
+        live = self._live
+        if live is None or live["handed"] >= live["stop"]:
+            return self._state(self.epoch, self._start, 0, 1)
+        return self._state(live["epoch"], live["start"], live["handed"], live["stop"])
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state_dict(): the next iteration starts exactly where that one stopped.
+
+        The state must come from the same windows (files, seq_len, mode, seed, num_samples) and the
+        same shuffle seed; another world_size or batch_size continues from the same position."""
+        if not isinstance(state, dict) or state.get("format") != SAMPLER_STATE_FORMAT:
+            raise ValueError(f"not an EpochSampler state (expected \"format\": {SAMPLER_STATE_FORMAT!r}): {state!r:.200}")
+        if state.get("version") != 1:
+            raise ValueError(f"EpochSampler state version {state.get('version')!r} is not supported; expected 1")
+        mine = self._state(0, 0, 0, 1)
+        for key in ("num_samples", "shuffle", "seed"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"EpochSampler state: {key} is {state.get(key)!r} in the state, {mine[key]!r} here")
+        _compare_fingerprints(state.get("dataset"), self._fingerprint, "the saved state", "this dataset")
+        epoch, position = state.get("epoch"), state.get("position")
+        _check_int("state epoch", epoch, 0)
+        if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < self.num_samples:
+            raise ValueError(f"EpochSampler state: position must be in [0, {self.num_samples}), got {position!r}")
+        self.epoch, self._start, self._live = epoch, position, None
+
+
+def _compare_fingerprints(a: Any, b: Any, a_name: str, b_name: str) -> None:
+    """Raise naming the first field in which two dataset fingerprints differ."""
+    if a == b:
+        return
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        raise ValueError(f"dataset fingerprint differs: {a_name} has {a!r:.120}, {b_name} has {b!r:.120}")
+    for key in sorted(set(a) | set(b)):
+        if key == "files" and isinstance(a.get(key), list) and isinstance(b.get(key), list):
+            fa, fb = a[key], b[key]
+            if len(fa) != len(fb):
+                raise ValueError(f"dataset differs: {a_name} has {len(fa)} files, {b_name} has {len(fb)}")
+            for i, (x, y) in enumerate(zip(fa, fb)):
+                for field in sorted(set(x) | set(y)):
+                    if x.get(field) != y.get(field):
+                        raise ValueError(
+                            f"dataset differs in file {i} ({y.get('name')!r}): {field} is {x.get(field)!r} "
+                            f"in {a_name}, {y.get(field)!r} in {b_name}"
+                        )
+        elif a.get(key) != b.get(key):
+            raise ValueError(f"dataset differs: {key} is {a.get(key)!r} in {a_name}, {b.get(key)!r} in {b_name}")
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader over an EpochSampler batch_sampler whose state_dict() counts the batches the
+    training loop has received, so a resumed run continues exactly after them, with any number
+    of workers (prefetched batches are not counted) and without replaying any."""
+
+    def __iter__(self) -> Iterator[Any]:
+        sampler = self.batch_sampler
+        if not isinstance(sampler, EpochSampler):
+            raise TypeError("ResumableDataLoader needs batch_sampler=EpochSampler(dataset, batch_size=...)")
+        epoch, start = sampler.epoch, sampler._start  # the iteration about to begin (the sampler is lazy)
+        stop = sampler._yielded(sampler._rank_items(start))
+        self._progress = [epoch, start, stop, 0]
+        return self._count(super().__iter__(), self._progress)
+
+    @staticmethod
+    def _count(batches: Iterator[Any], progress: list[int]) -> Iterator[Any]:
+        for batch in batches:
+            progress[3] += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the batches received so far (JSON-ready); save it with the model."""
+        progress = getattr(self, "_progress", None)
+        if progress is None:
+            return self.batch_sampler.state_dict()
+        epoch, start, stop, batches = progress
+        return self.batch_sampler._state(epoch, start, min(batches * self.batch_sampler.batch_size, stop), stop)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The next iteration continues where the saved one stopped (see EpochSampler.load_state_dict)."""
+        self.batch_sampler.load_state_dict(state)
+        self._progress = None
 
 
 def default_num_workers() -> int:
@@ -603,29 +939,70 @@ def make_dataloaders(
     seed: int = 0,
     pin_memory: bool | None = None,
     prefetch_factor: int = 2,
-) -> tuple[DataLoader, DataLoader]:
-    """Train (shuffled, drop_last) and validation (in order, every window) DataLoaders."""
+    world_size: int | None = None,
+    rank: int | None = None,
+) -> tuple[ResumableDataLoader, ResumableDataLoader]:
+    """Train (shuffled, drop_last) and validation (in order, every window) DataLoaders.
+
+    Each batch is gathered in one pass and arrives as a compact TokenBatch (see to_device). Under
+    torch.distributed (or with world_size and rank given) each rank gets its own disjoint share:
+    train drops the epoch's last world_size - 1 windows at most, validation repeats at most as many
+    so every rank runs the same number of steps; with torch.distributed initialised, the ranks first
+    check that they see the same files and settings.
+    """
     batch_size = _check_int("batch_size", batch_size, 1)
     workers = default_num_workers() if num_workers is None else _check_int("num_workers", num_workers, 0)
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
     extra: dict[str, Any] = {}
     if workers > 0:  # these options are refused by DataLoader without workers
         extra = {"persistent_workers": True, "prefetch_factor": _check_int("prefetch_factor", prefetch_factor, 1)}
-    train_loader = DataLoader(
-        train, batch_size=batch_size, sampler=EpochSampler(train, shuffle=True, seed=seed), drop_last=True,
-        num_workers=workers, pin_memory=pin, collate_fn=collate_windows, **extra,
+    ranks = {"world_size": world_size, "rank": rank}
+    train_sampler = EpochSampler(train, shuffle=True, seed=seed, batch_size=batch_size, drop_last=True, remainder="drop", **ranks)
+    val_sampler = EpochSampler(val, shuffle=False, batch_size=batch_size, remainder="pad", **ranks)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        verify_across_ranks({"train": train.fingerprint(), "val": val.fingerprint(), "batch_size": batch_size, "seed": seed})
+    loaders = tuple(
+        ResumableDataLoader(ds, batch_sampler=sampler, num_workers=workers, pin_memory=pin, collate_fn=collate_windows, **extra)
+        for ds, sampler in ((train, train_sampler), (val, val_sampler))
     )  # fmt: skip
-    val_loader = DataLoader(
-        val, batch_size=batch_size, sampler=EpochSampler(val, shuffle=False), drop_last=False,
-        num_workers=workers, pin_memory=pin, collate_fn=collate_windows, **extra,
-    )  # fmt: skip
-    return train_loader, val_loader
+    return loaders  # type: ignore[return-value]
+
+
+def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
+    """Check that every rank of torch.distributed passes the same JSON-able settings (for example a
+    dataset's fingerprint()); raise on every rank, naming the first rank that differs and how."""
+    dist = torch.distributed
+    world = dist.get_world_size(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = json.dumps(settings, sort_keys=True).encode()
+    size = torch.tensor([len(mine)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    longest = int(max(s.item() for s in sizes))
+    buf = torch.zeros(longest, dtype=torch.uint8, device=device)
+    buf[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    bufs = [torch.zeros_like(buf) for _ in range(world)]
+    dist.all_gather(bufs, buf, group=group)  # tensors only: nothing is pickled
+    seen = [bytes(b[: int(s.item())].cpu().tolist()) for b, s in zip(bufs, sizes)]
+    for r, other in enumerate(seen):
+        if other != seen[0]:
+            first, theirs = json.loads(seen[0]), json.loads(other)
+            for key in sorted(set(first) | set(theirs)):
+                a, b = first.get(key), theirs.get(key)
+                if a != b and isinstance(a, dict) and isinstance(b, dict):
+                    try:
+                        _compare_fingerprints(a, b, "rank 0", f"rank {r}")
+                    except ValueError as e:
+                        raise RuntimeError(f"rank {r} sees other data than rank 0 in {key!r}: {e}") from None
+                if a != b:
+                    raise RuntimeError(f"rank {r} differs from rank 0: {key} is {a!r} on rank 0, {b!r} on rank {r}")
 
 
 def to_device(batch: TokenBatch | Sequence[torch.Tensor], device: str | torch.device) -> tuple[torch.Tensor, ...]:
     """Move a batch to device (asynchronously from pinned memory); a TokenBatch is widened there."""
     device = torch.device(device)
     if isinstance(batch, TokenBatch):
-        windows = batch.windows.to(device, non_blocking=batch.windows.is_pinned())
-        return _widen(windows)
+        if device.type == "cpu":
+            return _widen(batch.windows)
+        return _widen(batch.windows.to(device, non_blocking=batch.windows.is_pinned()))
     return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)

@@ -167,8 +167,8 @@ def test_pickles_small_without_the_data(arange_file):
     blob = pickle.dumps(ds)
     assert len(blob) < 1024
     clone = pickle.loads(blob)
-    assert clone._arr is None and torch.equal(clone[5][0], ds[5][0])
-    assert pickle.loads(blob).tokens.flags.writeable is False
+    assert clone._maps == [None] and torch.equal(clone[5][0], ds[5][0])
+    assert pickle.loads(blob).memmap().flags.writeable is False
 
 
 def _batches(loader, epochs=2):
@@ -376,9 +376,9 @@ def test_read_only_file_and_memmap(arange_file):
     path = arange_file(100)
     os.chmod(path, 0o444)
     ds = nd.NpyTokensDataset(path, 9)
-    assert ds.tokens.flags.writeable is False and ds.tokens.mode == "r"
+    assert ds.memmap().flags.writeable is False and ds.memmap().mode == "r"
     with pytest.raises(ValueError):
-        ds.tokens[0] = 1
+        ds.memmap()[0] = 1
 
 
 def test_file_replaced_after_open_is_refused_in_a_worker(arange_file):
