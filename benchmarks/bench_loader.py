@@ -215,6 +215,15 @@ def build_npy_helper(path: Path, B: int, T: int, seed: int, workers: int, mode: 
     return _loader_iter(train_loader, lambda batch: npy_datasets.to_device(batch, "cpu"))
 
 
+def build_npy_batch_sampler(path: Path, B: int, T: int, seed: int, workers: int):
+    """For comparison: a plain torch DataLoader over the module's batch sampler (the same keys,
+    __getitems__ and collate as the helper, but torch's own per-batch iterator)."""
+    ds = npy_datasets.NpyTokensDataset(path, T, seed=seed)
+    sampler = npy_datasets.EpochSampler(ds, seed=seed, batch_size=B, drop_last=True)
+    loader = DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=npy_datasets.collate_windows)
+    return _loader_iter(loader, lambda batch: npy_datasets.to_device(batch, "cpu"))
+
+
 class _ZeroWorkBatches(Dataset):
     """Next to no work: two fresh zero int64 (B, T) tensors per batch (a transport floor)."""
 
@@ -248,6 +257,7 @@ ENTRIES: dict[str, tuple[Callable, str]] = {
     "npy_dataset_plain_w2": (lambda p, B, T, s: build_npy_plain(p, B, T, s, 2), "same, num_workers=2"),
     "npy_dataset_helper_w0": (lambda p, B, T, s: build_npy_helper(p, B, T, s, 0, "windows"), 'make_dataloaders, mode="windows" (default usage), workers=0'),
     "npy_dataset_helper_w2": (lambda p, B, T, s: build_npy_helper(p, B, T, s, 2, "windows"), 'make_dataloaders, mode="windows", workers=2'),
+    "npy_dataset_batch_sampler_w0": (lambda p, B, T, s: build_npy_batch_sampler(p, B, T, s, 0), 'torch DataLoader(batch_sampler=EpochSampler(batch_size=B)), collate_windows, workers=0'),
     "npy_dataset_helper_random_w0": (lambda p, B, T, s: build_npy_helper(p, B, T, s, 0, "random"), 'make_dataloaders, mode="random", workers=0'),
     "npy_dataset_helper_random_w2": (lambda p, B, T, s: build_npy_helper(p, B, T, s, 2, "random"), 'make_dataloaders, mode="random", workers=2'),
     "ipc_floor_w2": (lambda p, B, T, s: build_ipc_floor(p, B, T, s, 2), "reference: a dataset that only returns two fresh zero int64 (B,T) tensors, workers=2"),

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.autograd.profiler import record_function
 from torch.utils.data._utils.collate import default_collate
+from torch.utils.data._utils.pin_memory import pin_memory
 
 __all__ = [
     "FORMAT_VERSION",
@@ -897,7 +899,20 @@ class ResumableDataLoader(DataLoader):
         epoch, start = sampler.epoch, sampler._start  # the iteration about to begin (the sampler is lazy)
         stop = sampler._yielded(sampler._rank_items(start))
         self._progress = [epoch, start, stop, 0]
-        return self._count(super().__iter__(), self._progress)
+        batches = super().__iter__() if self.num_workers > 0 else self._in_process()
+        return self._count(batches, self._progress)
+
+    def _in_process(self) -> Iterator[Any]:
+        """What torch's single-process iterator does for each batch (keys from the sampler, one
+        __getitems__, collate, pin) without its per-batch profiler range, which costs more than
+        gathering a small batch; the range is kept while a torch profiler is running."""
+        fetch = getattr(self.dataset, "__getitems__", None)
+        for keys in self.batch_sampler:
+            with record_function("ResumableDataLoader.__next__") if torch.autograd._profiler_enabled() else contextlib.nullcontext():
+                batch = self.collate_fn(fetch(keys) if fetch else [self.dataset[k] for k in keys])
+                if self.pin_memory:
+                    batch = pin_memory(batch)
+            yield batch
 
     @staticmethod
     def _count(batches: Iterator[Any], progress: list[int]) -> Iterator[Any]:
