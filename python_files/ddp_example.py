@@ -1,0 +1,102 @@
+"""Several processes, one epoch: each rank reads its own share of the windows; stop and resume exactly.
+
+    torchrun --standalone --nproc_per_node=2 python_files/ddp_example.py --steps 4
+    python python_files/ddp_example.py --steps 3 --save-state data/loader_state.json
+    python python_files/ddp_example.py --steps 3 --resume data/loader_state.json
+
+Each rank prints one line per step: the epoch, and a checksum of the batch it received (the sum of
+its token ids), so runs can be compared line by line. At the end, every rank's window indices of
+the current epoch are gathered and checked: disjoint, and together the whole epoch minus the
+windows the sampler drops so that every rank gets as many (EpochSampler.dropped). Under torchrun the
+backend is NCCL on GPUs and gloo on CPUs. --save-state writes the loader's state after the last
+step (JSON, rank 0); --resume starts from such a file, with any number of ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402
+from prepare_tokens import prepare  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=ROOT / "data" / "tinystories_sample", help="token file folder")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4, help="batches each rank takes (default 4)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-state", type=Path, help="write the loader state here after the last step")
+    parser.add_argument("--resume", type=Path, help="continue from a state written by --save-state")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+
+    distributed = "RANK" in os.environ  # set by torchrun
+    if distributed:
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    if rank == 0:  # one process writes the token files; the others wait, then only read them
+        prepare(out=args.data, progress=False)
+    if distributed:
+        dist.barrier()
+    train = NpyTokensDataset(args.data / "train.npy", args.seq_len, vocab_size=50257)
+    val = NpyTokensDataset(args.data / "validation.npy", args.seq_len, vocab_size=50257)
+    train_loader, _ = make_dataloaders(train, val, batch_size=args.batch_size, num_workers=0, seed=args.seed)
+    if args.resume:
+        train_loader.load_state_dict(json.loads(args.resume.read_text()))
+
+    step = 0
+    while step < args.steps:
+        batches = iter(train_loader)  # each new iteration is the next epoch (or the rest of a resumed one)
+        epoch = train_loader.state_dict()["epoch"]  # before the first batch: the epoch of this iteration
+        for batch in batches:
+            x, y = to_device(batch, device)
+            step += 1
+            print(f"rank {rank}/{world} step {step} epoch {epoch} checksum {int(x.sum())}", flush=True)
+            if step == args.steps:
+                break
+
+    state = train_loader.state_dict()
+    if args.save_state and rank == 0:
+        args.save_state.parent.mkdir(parents=True, exist_ok=True)
+        args.save_state.write_text(json.dumps(state))
+        print(f"saved the loader state: epoch {state['epoch']}, position {state['position']}", flush=True)
+
+    sampler = train_loader.batch_sampler
+    mine = torch.from_numpy(sampler.order(epoch))  # this rank's windows of the last epoch it was in
+    if distributed:
+        every = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine.to(device) if device.type == "cuda" else mine)
+        every = [t.cpu() for t in every]
+    else:
+        every = [mine]
+    if rank == 0:
+        seen = torch.cat(every)
+        disjoint = len(torch.unique(seen)) == len(seen)
+        print(f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, disjoint: {disjoint}, "
+              f"dropped: {len(train) - len(torch.unique(seen))} (sampler.dropped = {sampler.dropped})", flush=True)
+    if distributed:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
