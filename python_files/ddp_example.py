@@ -31,6 +31,12 @@ from prepare_tokens import prepare  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def say(line: str) -> None:
+    """One write per line, so the lines of ranks sharing a terminal or pipe never run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "tinystories_sample", help="token file folder")
@@ -70,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches:
             x, y = to_device(batch, device)
             step += 1
-            print(f"rank {rank}/{world} step {step} epoch {epoch} checksum {int(x.sum())}", flush=True)
+            say(f"rank {rank}/{world} step {step} epoch {epoch} checksum {int(x.sum())}")
             if step == args.steps:
                 break
 
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_state and rank == 0:
         args.save_state.parent.mkdir(parents=True, exist_ok=True)
         args.save_state.write_text(json.dumps(state))
-        print(f"saved the loader state: epoch {state['epoch']}, position {state['position']}", flush=True)
+        say(f"saved the loader state: epoch {state['epoch']}, position {state['position']}")
 
     sampler = train_loader.batch_sampler
     mine = torch.from_numpy(sampler.order(epoch))  # this rank's windows of the last epoch it was in
@@ -91,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         seen = torch.cat(every)
         disjoint = len(torch.unique(seen)) == len(seen)
-        print(f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, disjoint: {disjoint}, "
-              f"dropped: {len(train) - len(torch.unique(seen))} (sampler.dropped = {sampler.dropped})", flush=True)
+        say(f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, disjoint: {disjoint}, "
+            f"dropped: {len(train) - len(torch.unique(seen))} (sampler.dropped = {sampler.dropped})")
     if distributed:
         dist.destroy_process_group()
     return 0

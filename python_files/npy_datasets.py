@@ -853,11 +853,11 @@ class EpochSampler(Sampler):
             raise ValueError(f"not an EpochSampler state (expected \"format\": {SAMPLER_STATE_FORMAT!r}): {state!r:.200}")
         if state.get("version") != 1:
             raise ValueError(f"EpochSampler state version {state.get('version')!r} is not supported; expected 1")
+        _compare_fingerprints(state.get("dataset"), self._fingerprint, "the saved state", "this dataset")
         mine = self._state(0, 0, 0, 1)
         for key in ("num_samples", "shuffle", "seed"):
             if state.get(key) != mine[key]:
                 raise ValueError(f"EpochSampler state: {key} is {state.get(key)!r} in the state, {mine[key]!r} here")
-        _compare_fingerprints(state.get("dataset"), self._fingerprint, "the saved state", "this dataset")
         epoch, position = state.get("epoch"), state.get("position")
         _check_int("state epoch", epoch, 0)
         if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < self.num_samples:
@@ -871,7 +871,8 @@ def _compare_fingerprints(a: Any, b: Any, a_name: str, b_name: str) -> None:
         return
     if not (isinstance(a, dict) and isinstance(b, dict)):
         raise ValueError(f"dataset fingerprint differs: {a_name} has {a!r:.120}, {b_name} has {b!r:.120}")
-    for key in sorted(set(a) | set(b)):
+    causes = ("files", "seq_len", "mode", "epoch_offset", "seed")  # name a cause before its effects (num_samples)
+    for key in [*causes, *sorted((set(a) | set(b)) - set(causes))]:
         if key == "files" and isinstance(a.get(key), list) and isinstance(b.get(key), list):
             fa, fb = a[key], b[key]
             if len(fa) != len(fb):

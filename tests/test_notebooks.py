@@ -6,6 +6,7 @@ parsed code (docstring and annotations included, comments and layout not) must e
 """
 
 import ast
+import inspect
 import json
 import re
 from collections import defaultdict
@@ -32,8 +33,20 @@ def _without_methods(node: ast.ClassDef) -> str:
     return ast.dump(ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=body, decorator_list=node.decorator_list))
 
 
+def _clean_docstrings(tree: ast.AST) -> ast.AST:
+    """Docstrings as inspect.cleandoc leaves them: a method taught on its own, outside its class,
+    is dedented, and so are the continuation lines of its docstring."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                first.value.value = inspect.cleandoc(first.value.value)
+    return tree
+
+
 def definitions(tree: ast.Module) -> dict[str, str]:
     """Qualified name -> dumped AST for the defs, classes, methods and constants of one module."""
+    tree = _clean_docstrings(tree)
     found: dict[str, str] = {}
     attached = {}  # `Class.method = method` statements attach a top-level def to a class
     for node in tree.body:
