@@ -851,16 +851,25 @@ class EpochSampler(Sampler):
             raise ValueError(f"not an EpochSampler state (expected \"format\": {SAMPLER_STATE_FORMAT!r}): {state!r:.200}")
         if state.get("version") != 1:
             raise ValueError(f"EpochSampler state version {state.get('version')!r} is not supported; expected 1")
+        _compare_fingerprints(state.get("dataset"), self._fingerprint, "the saved state", "this dataset")
         mine = self._state(0, 0, 0, 1)
         for key in ("num_samples", "shuffle", "seed"):
             if state.get(key) != mine[key]:
                 raise ValueError(f"EpochSampler state: {key} is {state.get(key)!r} in the state, {mine[key]!r} here")
-        _compare_fingerprints(state.get("dataset"), self._fingerprint, "the saved state", "this dataset")
         epoch, position = state.get("epoch"), state.get("position")
         _check_int("state epoch", epoch, 0)
         if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < self.num_samples:
             raise ValueError(f"EpochSampler state: position must be in [0, {self.num_samples}), got {position!r}")
         self.epoch, self._start, self._live = epoch, position, None
+
+
+_CAUSES_FIRST = ("files", "name", "bytes", "dtype", "shape", "seq_len", "mode", "epoch_offset", "seed")
+
+
+def _causes_first(keys: set[str]) -> list[str]:
+    """Fingerprint fields in the order a difference is reported: the settings before num_samples,
+    which follows from them, and a file's name before its size (other fields after, by name)."""
+    return sorted(keys, key=lambda k: (_CAUSES_FIRST.index(k) if k in _CAUSES_FIRST else len(_CAUSES_FIRST), k))
 
 
 def _compare_fingerprints(a: Any, b: Any, a_name: str, b_name: str) -> None:
@@ -869,13 +878,13 @@ def _compare_fingerprints(a: Any, b: Any, a_name: str, b_name: str) -> None:
         return
     if not (isinstance(a, dict) and isinstance(b, dict)):
         raise ValueError(f"dataset fingerprint differs: {a_name} has {a!r:.120}, {b_name} has {b!r:.120}")
-    for key in sorted(set(a) | set(b)):
+    for key in _causes_first(set(a) | set(b)):
         if key == "files" and isinstance(a.get(key), list) and isinstance(b.get(key), list):
             fa, fb = a[key], b[key]
             if len(fa) != len(fb):
                 raise ValueError(f"dataset differs: {a_name} has {len(fa)} files, {b_name} has {len(fb)}")
             for i, (x, y) in enumerate(zip(fa, fb)):
-                for field in sorted(set(x) | set(y)):
+                for field in _causes_first(set(x) | set(y)):
                     if x.get(field) != y.get(field):
                         raise ValueError(
                             f"dataset differs in file {i} ({y.get('name')!r}): {field} is {x.get(field)!r} "
