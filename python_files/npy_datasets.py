@@ -226,8 +226,10 @@ def _read_llmc_header(path: Path) -> tuple[np.dtype, tuple[int, ...], int]:
         raise TokenFileError(
             f"{str(path)!r}: llm.c magic {magic} goes with version {version}, found version {found_version}"
         )
+    if count <= 0:
+        raise TokenFileError(f"{str(path)!r}: llm.c header declares {count} tokens; a shard holds at least one")
     expected = LLMC_HEADER_BYTES + count * dtype.itemsize
-    if count <= 0 or expected != size:
+    if expected != size:
         raise TokenFileError(
             f"{str(path)!r}: llm.c header declares {count} tokens of {dtype.name} ({expected} bytes with "
             f"the header), but the file has {size} bytes"
