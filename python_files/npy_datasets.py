@@ -903,7 +903,7 @@ class ResumableDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         sampler = self.batch_sampler
-        if not isinstance(sampler, EpochSampler):
+        if not isinstance(sampler, EpochSampler) or sampler.batch_size is None:  # else each (epoch, i) is a "batch"
             raise TypeError("ResumableDataLoader needs batch_sampler=EpochSampler(dataset, batch_size=...)")
         epoch, start = sampler.epoch, sampler._start  # the iteration about to begin (the sampler is lazy)
         stop = sampler._yielded(sampler._rank_items(start))
