@@ -228,8 +228,10 @@ def _read_llmc_header(path: Path) -> tuple[np.dtype, tuple[int, ...], int]:
         raise TokenFileError(
             f"{str(path)!r}: llm.c magic {magic} goes with version {version}, found version {found_version}"
         )
+    if count <= 0:
+        raise TokenFileError(f"{str(path)!r}: llm.c header declares {count} tokens; a shard holds at least one")
     expected = LLMC_HEADER_BYTES + count * dtype.itemsize
-    if count <= 0 or expected != size:
+    if expected != size:
         raise TokenFileError(
             f"{str(path)!r}: llm.c header declares {count} tokens of {dtype.name} ({expected} bytes with "
             f"the header), but the file has {size} bytes"
@@ -865,20 +867,28 @@ class EpochSampler(Sampler):
         self.epoch, self._start, self._live = epoch, position, None
 
 
+_CAUSES_FIRST = ("files", "name", "bytes", "dtype", "shape", "seq_len", "mode", "epoch_offset", "seed")
+
+
+def _causes_first(keys: set[str]) -> list[str]:
+    """Fingerprint fields in the order a difference is reported: the settings before num_samples,
+    which follows from them, and a file's name before its size (other fields after, by name)."""
+    return sorted(keys, key=lambda k: (_CAUSES_FIRST.index(k) if k in _CAUSES_FIRST else len(_CAUSES_FIRST), k))
+
+
 def _compare_fingerprints(a: Any, b: Any, a_name: str, b_name: str) -> None:
     """Raise naming the first field in which two dataset fingerprints differ."""
     if a == b:
         return
     if not (isinstance(a, dict) and isinstance(b, dict)):
         raise ValueError(f"dataset fingerprint differs: {a_name} has {a!r:.120}, {b_name} has {b!r:.120}")
-    causes = ("files", "seq_len", "mode", "epoch_offset", "seed")  # name a cause before its effects (num_samples)
-    for key in [*causes, *sorted((set(a) | set(b)) - set(causes))]:
+    for key in _causes_first(set(a) | set(b)):
         if key == "files" and isinstance(a.get(key), list) and isinstance(b.get(key), list):
             fa, fb = a[key], b[key]
             if len(fa) != len(fb):
                 raise ValueError(f"dataset differs: {a_name} has {len(fa)} files, {b_name} has {len(fb)}")
             for i, (x, y) in enumerate(zip(fa, fb)):
-                for field in sorted(set(x) | set(y)):
+                for field in _causes_first(set(x) | set(y)):
                     if x.get(field) != y.get(field):
                         raise ValueError(
                             f"dataset differs in file {i} ({y.get('name')!r}): {field} is {x.get(field)!r} "
@@ -895,7 +905,7 @@ class ResumableDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         sampler = self.batch_sampler
-        if not isinstance(sampler, EpochSampler):
+        if not isinstance(sampler, EpochSampler) or sampler.batch_size is None:  # else each (epoch, i) is a "batch"
             raise TypeError("ResumableDataLoader needs batch_sampler=EpochSampler(dataset, batch_size=...)")
         epoch, start = sampler.epoch, sampler._start  # the iteration about to begin (the sampler is lazy)
         stop = sampler._yielded(sampler._rank_items(start))
