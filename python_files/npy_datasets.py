@@ -88,7 +88,7 @@ def _check_dtype(dtype: Any, where: str) -> np.dtype:
     """Normalise a token dtype to little-endian uint16/uint32 or name what would be valid."""
     try:
         dt = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):  # numpy raises either for a malformed dtype string
         raise TokenFileError(f"{where}: {dtype!r} is not a dtype; expected one of {TOKEN_DTYPES}") from None
     if dt.kind != "u" or dt.itemsize not in (2, 4) or dt.byteorder == ">":
         raise TokenFileError(
@@ -136,7 +136,7 @@ def read_npy_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...],
         text = f.read(header_len).decode(encoding, errors="replace")
     try:
         header = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # TypeError: {[1]: 2}, unhashable
         raise TokenFileError(f"{str(path)!r}: .npy header is not a Python literal: {text[:80]!r}") from None
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         keys = sorted(map(str, header)) if isinstance(header, dict) else type(header).__name__
