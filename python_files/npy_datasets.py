@@ -399,13 +399,21 @@ class NpyTokensDataset(Dataset):
 
     @property
     def tokens(self) -> np.memmap:
-        """The read-only memmap, opened lazily in whichever process uses it first."""
+        """The read-only memmap, opened lazily in whichever process uses it first.
+
+        The file is checked on every use, not only on opening: a forked worker inherits the mapping,
+        and reading a mapped file that was truncated in place kills the process with a bus error.
+        """
+        try:
+            same = self._file_identity() == self._identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise TokenFileError(
+                f"{self.path!r} changed since the dataset was opened (size, inode or mtime differ, or it "
+                "was removed); build a new dataset after the prep step finishes"
+            )
         if self._arr is None:
-            if self._file_identity() != self._identity:
-                raise TokenFileError(
-                    f"{self.path!r} changed since the dataset was opened (size, inode or mtime differ); "
-                    "build a new dataset after the prep step finishes"
-                )
             self._arr = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self._offset, shape=self.shape)
         return self._arr
 
