@@ -437,7 +437,7 @@ class NpyTokensDataset(Dataset):
             raise TypeError(f"index must be an int or an (epoch, index) pair, got {type(index).__name__} {index!r}") from None
         n = self.num_samples
         if not -n <= i < n:
-            raise IndexError(f"index {i} is out of range for {n} windows")
+            raise IndexError(f"index {i} is out of range for {n} windows of {self.path!r}")
         return int(epoch), i % n
 
     def locate(self, epochs: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
