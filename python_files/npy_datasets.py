@@ -176,9 +176,11 @@ def read_sidecar(path: str | os.PathLike) -> dict[str, Any] | None:
     side = sidecar_path(path)
     if not side.exists():
         return None
+    if not side.is_file():  # reading a FIFO would block until someone writes to it
+        raise TokenFileError(f"sidecar {str(side)!r} is not a regular file; expected a JSON file or none")
     try:
         meta = json.loads(side.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: "[[[[..."
         raise TokenFileError(f"sidecar {str(side)!r} is not valid JSON: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f"sidecar {str(side)!r}: expected an object with \"format\": \"npy-tokens\"")
