@@ -258,11 +258,11 @@ def _check_sidecar(
                 f"sidecar {side!r} disagrees with {str(path)!r}: {key} is {meta[key]!r} in the sidecar, "
                 f"{actual!r} in the file; re-run the prep step"
             )
-    if not 0 <= meta["max_token_id"] < meta["n_vocab"]:
-        raise TokenFileError(
-            f"sidecar {side!r}: max_token_id {meta['max_token_id']} is outside the vocabulary "
-            f"(n_vocab {meta['n_vocab']})"
-        )
+    for key in ("max_token_id", "eot_id"):
+        if not 0 <= meta[key] < meta["n_vocab"]:
+            raise TokenFileError(
+                f"sidecar {side!r}: {key} {meta[key]} is outside the vocabulary (n_vocab {meta['n_vocab']})"
+            )
     if verify and _sha256(path) != meta["sha256"]:
         raise TokenFileError(f"{str(path)!r}: sha256 differs from the sidecar's; the file is damaged or was replaced")
 
