@@ -466,6 +466,10 @@ def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[Bi
         os.replace(tmp, path)
         renamed = True
         _fsync_dir(path.parent)
+    except OSError as e:
+        if e.filename is None:  # a failed write (disk full: ENOSPC, size limit: EFBIG) names no file
+            raise OSError(e.errno, f"{e.strerror} while writing", str(path)) from e
+        raise
     finally:
         if not renamed:
             tmp.unlink(missing_ok=True)
