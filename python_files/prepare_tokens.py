@@ -461,7 +461,7 @@ def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[Bi
             f.flush()
             os.fsync(f.fileno())
         if drop_first is not None and drop_first.exists():
-            drop_first.unlink()
+            drop_first.unlink(missing_ok=True)  # missing_ok: a concurrent run may have just deleted it
             _fsync_dir(path.parent)
         os.replace(tmp, path)
         renamed = True
