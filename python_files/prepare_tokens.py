@@ -104,6 +104,7 @@ COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # datasets decompresses these by 
 CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
 _TEMP_NAME = re.compile(r"\.(?P<target>.+)\.tmp\.(?P<pid>\d+)\.[0-9a-f]{8}")  # .train.npy.tmp.<pid>.<random>
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "owner/name" or "name", as the Hub spells them
+_SPLIT_NAME = re.compile(r"\w[\w.-]*")  # becomes a file name: no '/', '\\', ':', NUL or leading '.'
 
 
 class HubUnreachableError(ConnectionError):
@@ -181,6 +182,12 @@ def _check_split_names(splits: Sequence[str] | str) -> tuple[str, ...]:
         raise ValueError(f"splits must be one or more non-empty names, got {splits!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"splits must be distinct, got {list(names)}")
+    for name in names:
+        if not _SPLIT_NAME.fullmatch(name):  # "../x" or "/abs" would write outside the output folder
+            raise ValueError(
+                f"split name {name!r} cannot be a file name: use letters, digits, '_', '.' and '-', "
+                "starting with a letter, digit or '_'"
+            )
     return names
 
 
@@ -592,6 +599,7 @@ def prepare_split(
 ) -> PreparedSplit:
     """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists."""
     _check_layout(layout)
+    _check_split_names(split.name)
     num_threads = _check_num_threads(num_threads)
     chunk_docs = _check_positive_int("chunk_docs", chunk_docs)
     dtype = token_dtype(enc.n_vocab)
