@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -105,6 +106,7 @@ CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
 _TEMP_NAME = re.compile(r"\.(?P<target>.+)\.tmp\.(?P<pid>\d+)\.[0-9a-f]{8}")  # .train.npy.tmp.<pid>.<random>
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "owner/name" or "name", as the Hub spells them
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")  # becomes a file name: no '/', '\\', ':', NUL or leading '.'
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # no space, file-size limit, quota: write() fails
 
 
 class HubUnreachableError(ConnectionError):
@@ -474,7 +476,7 @@ def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[Bi
         renamed = True
         _fsync_dir(path.parent)
     except OSError as e:
-        if e.filename is None:  # a failed write (disk full: ENOSPC, size limit: EFBIG) names no file
+        if e.filename is None and e.errno in _DISK_FULL:  # write() names no file: name the one being written
             raise OSError(e.errno, f"{e.strerror} while writing", str(path)) from e
         raise
     finally:
