@@ -95,7 +95,7 @@ def _check_dtype(dtype: Any, where: str) -> np.dtype:
     """Normalise a token dtype to little-endian uint16/uint32 or name what would be valid."""
     try:
         dt = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):  # numpy raises either for a malformed dtype string
         raise TokenFileError(f"{where}: {dtype!r} is not a dtype; expected one of {TOKEN_DTYPES}") from None
     if dt.kind != "u" or dt.itemsize not in (2, 4) or dt.byteorder == ">":
         raise TokenFileError(
@@ -143,7 +143,7 @@ def read_npy_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...],
         text = f.read(header_len).decode(encoding, errors="replace")
     try:
         header = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # TypeError: {[1]: 2}, unhashable
         raise TokenFileError(f"{str(path)!r}: .npy header is not a Python literal: {text[:80]!r}") from None
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         keys = sorted(map(str, header)) if isinstance(header, dict) else type(header).__name__
@@ -183,9 +183,11 @@ def read_sidecar(path: str | os.PathLike) -> dict[str, Any] | None:
     side = sidecar_path(path)
     if not side.exists():
         return None
+    if not side.is_file():  # reading a FIFO would block until someone writes to it
+        raise TokenFileError(f"sidecar {str(side)!r} is not a regular file; expected a JSON file or none")
     try:
         meta = json.loads(side.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: "[[[[..."
         raise TokenFileError(f"sidecar {str(side)!r} is not valid JSON: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f"sidecar {str(side)!r}: expected an object with \"format\": \"npy-tokens\"")
@@ -300,11 +302,11 @@ def _check_sidecar(
                 f"sidecar {side!r} disagrees with {str(path)!r}: {key} is {meta[key]!r} in the sidecar, "
                 f"{actual!r} in the file; re-run the prep step"
             )
-    if not 0 <= meta["max_token_id"] < meta["n_vocab"]:
-        raise TokenFileError(
-            f"sidecar {side!r}: max_token_id {meta['max_token_id']} is outside the vocabulary "
-            f"(n_vocab {meta['n_vocab']})"
-        )
+    for key in ("max_token_id", "eot_id"):
+        if not 0 <= meta[key] < meta["n_vocab"]:
+            raise TokenFileError(
+                f"sidecar {side!r}: {key} {meta[key]} is outside the vocabulary (n_vocab {meta['n_vocab']})"
+            )
     if verify and _sha256(path) != meta["sha256"]:
         raise TokenFileError(f"{str(path)!r}: sha256 differs from the sidecar's; the file is damaged or was replaced")
 
@@ -489,14 +491,22 @@ class NpyTokensDataset(Dataset):
         self.__dict__.update(state)
 
     def memmap(self, f: int = 0) -> np.memmap:
-        """The read-only memmap of file f (1-D), opened lazily in whichever process uses it first."""
+        """The read-only memmap of file f (1-D), opened lazily in whichever process uses it first.
+
+        The file is checked on every use, not only on opening: a forked worker inherits the mapping,
+        and reading a mapped file that was truncated in place kills the process with a bus error.
+        """
+        path, (rows, row_len), offset, identity = self._files[f]
+        try:
+            same = _file_identity(path) == identity
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise TokenFileError(
+                f"{path!r} changed since the dataset was opened (size, inode or mtime differ, or it "
+                "was removed); build a new dataset after the prep step finishes"
+            )
         if self._maps[f] is None:
-            path, (rows, row_len), offset, identity = self._files[f]
-            if _file_identity(path) != identity:
-                raise TokenFileError(
-                    f"{path!r} changed since the dataset was opened (size, inode or mtime differ); "
-                    "build a new dataset after the prep step finishes"
-                )
             self._maps[f] = np.memmap(path, dtype=self.dtype, mode="r", offset=offset, shape=(rows * row_len,))
         return self._maps[f]
 
@@ -540,7 +550,8 @@ class NpyTokensDataset(Dataset):
             raise TypeError(f"index must be an int or an (epoch, index) pair, got {type(index).__name__} {index!r}") from None
         n = self.num_samples
         if not -n <= i < n:
-            raise IndexError(f"index {i} is out of range for {n} windows")
+            where = repr(self.paths[0]) + (f" and {len(self.paths) - 1} more files" if len(self.paths) > 1 else "")
+            raise IndexError(f"index {i} is out of range for {n} windows of {where}")
         return int(epoch), i % n
 
     def _layout_tables(self) -> tuple[np.ndarray, ...]:

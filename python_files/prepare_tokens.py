@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -104,6 +105,8 @@ COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # datasets decompresses these by 
 CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
 _TEMP_NAME = re.compile(r"\.(?P<target>.+)\.tmp\.(?P<pid>\d+)\.[0-9a-f]{8}")  # .train.npy.tmp.<pid>.<random>
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "owner/name" or "name", as the Hub spells them
+_SPLIT_NAME = re.compile(r"\w[\w.-]*")  # becomes a file name: no '/', '\\', ':', NUL or leading '.'
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # no space, file-size limit, quota: write() fails
 
 
 class HubUnreachableError(ConnectionError):
@@ -181,6 +184,12 @@ def _check_split_names(splits: Sequence[str] | str) -> tuple[str, ...]:
         raise ValueError(f"splits must be one or more non-empty names, got {splits!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"splits must be distinct, got {list(names)}")
+    for name in names:
+        if not _SPLIT_NAME.fullmatch(name):  # "../x" or "/abs" would write outside the output folder
+            raise ValueError(
+                f"split name {name!r} cannot be a file name: use letters, digits, '_', '.' and '-', "
+                "starting with a letter, digit or '_'"
+            )
     return names
 
 
@@ -461,11 +470,15 @@ def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[Bi
             f.flush()
             os.fsync(f.fileno())
         if drop_first is not None and drop_first.exists():
-            drop_first.unlink()
+            drop_first.unlink(missing_ok=True)  # missing_ok: a concurrent run may have just deleted it
             _fsync_dir(path.parent)
         os.replace(tmp, path)
         renamed = True
         _fsync_dir(path.parent)
+    except OSError as e:
+        if e.filename is None and e.errno in _DISK_FULL:  # write() names no file: name the one being written
+            raise OSError(e.errno, f"{e.strerror} while writing", str(path)) from e
+        raise
     finally:
         if not renamed:
             tmp.unlink(missing_ok=True)
@@ -588,6 +601,7 @@ def prepare_split(
 ) -> PreparedSplit:
     """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists."""
     _check_layout(layout)
+    _check_split_names(split.name)
     num_threads = _check_num_threads(num_threads)
     chunk_docs = _check_positive_int("chunk_docs", chunk_docs)
     dtype = token_dtype(enc.n_vocab)

@@ -1,0 +1,139 @@
+"""Run prepare_tokens.main with one fault injected from outside the module (tests/test_faults.py runs this).
+
+    python tests/prep_harness.py --kill-each chunk:3=OUT ... -- ARGS  # one forked child per point, in turn
+    python tests/prep_harness.py --file-size-limit 600 -- ARGS
+    python tests/prep_harness.py --concurrent 2 -- ARGS               # forked children, all at once
+
+ARGS are prepare_tokens.py's own arguments. prepare_tokens has no test hooks: this script replaces
+one of its functions with a wrapper before calling main(). The modes that fork import everything
+once and fork afterwards, so a test pays for one interpreter start, not one per run.
+
+A kill point STAGE:K sends SIGKILL to the process when the K-th call (counted from 1) of a function
+is about to run, so nothing after that point happens and no cleanup code runs:
+    chunk    _as_token_array, called once per tokenized chunk just before its bytes are written:
+             K = k + 1 dies with k chunks written to the temp file
+    replace  os.replace (counted from the first token file on), the atomic rename of a
+             finished, fsynced temp file
+    sidecar  write_sidecar, just after the token file was renamed into place
+    split    write_token_file, the start of a split's token file
+
+--file-size-limit BYTES sets RLIMIT_FSIZE when the first token file starts (so datasets' own cache
+files are not affected) and ignores SIGXFSZ, so a write past the limit raises OSError(EFBIG).
+The forking modes print one JSON line: each child's exit status (negative: killed by that signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_files"))
+import prepare_tokens as pt  # noqa: E402
+
+
+def _kill_on_call(owner: object, name: str, k: int) -> None:
+    original = getattr(owner, name)
+    calls = 0
+
+    def wrapper(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, wrapper)
+
+
+def _when_the_first_token_file_starts(action) -> None:
+    """Run action() once, when write_token_file is first called: after datasets wrote its cache."""
+    original = pt.write_token_file
+    done = False
+
+    def wrapper(*args, **kwargs):
+        nonlocal done
+        if not done:
+            done = True
+            action()
+        return original(*args, **kwargs)
+
+    pt.write_token_file = wrapper
+
+
+def _limit_file_size(limit: int) -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the default action kills the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+STAGES = {
+    "chunk": (pt, "_as_token_array"),
+    "replace": (os, "replace"),
+    "sidecar": (pt, "write_sidecar"),
+    "split": (pt, "write_token_file"),
+}
+
+
+def _install_kill(point: str) -> None:
+    stage, k = point.split(":")
+    if stage == "replace":  # datasets may rename its own cache files first: count ours only
+        _when_the_first_token_file_starts(lambda: _kill_on_call(*STAGES[stage], int(k)))
+    else:
+        _kill_on_call(*STAGES[stage], int(k))
+
+
+def _fork(run) -> int:
+    """Run run() in a forked child; the parent gets the child's pid."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            code = run()
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)  # never run the parent's cleanup a second time
+    return pid
+
+
+def _status(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kill-each", nargs="+", metavar="STAGE:K=OUT",
+                        help="a forked run per point, into OUT; STAGE is one of " + ", ".join(STAGES))
+    parser.add_argument("--file-size-limit", type=int, help="RLIMIT_FSIZE in bytes for the token files")
+    parser.add_argument("--concurrent", type=int, help="this many forked runs at the same time")
+    parser.add_argument("prep_args", nargs=argparse.REMAINDER, help="-- then prepare_tokens.py arguments")
+    args = parser.parse_args()
+    prep_args = args.prep_args[1:] if args.prep_args[:1] == ["--"] else args.prep_args
+    if args.kill_each:
+        statuses = {}
+        for spec in args.kill_each:
+            point, out = spec.split("=", 1)
+
+            def run(point=point, out=out):
+                _install_kill(point)
+                return pt.main([*prep_args, "--out", out])
+
+            statuses[spec] = _status(_fork(run))
+        print(json.dumps(statuses), flush=True)
+        return 0
+    if args.concurrent:
+        pids = [_fork(lambda: pt.main(prep_args)) for _ in range(args.concurrent)]
+        print(json.dumps([_status(pid) for pid in pids]), flush=True)
+        return 0
+    if args.file_size_limit is not None:
+        _when_the_first_token_file_starts(lambda: _limit_file_size(args.file_size_limit))
+    return pt.main(prep_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Reader-side fault scenarios, run as a subprocess by tests/test_faults.py (a crash must not take pytest down).
+
+    python tests/reader_harness.py loaders FOLDER   # every DataLoader scenario; one JSON line each
+    python tests/reader_harness.py hold FOLDER      # keeps the array across a truncation: dies of SIGBUS
+
+Each scenario writes its own arange token file in FOLDER (token i at position i), so every batch
+proves where it came from, and prints {"scenario": ..., "outcome": ..., ...} on one line.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python_files"))
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+import npy_datasets as nd  # noqa: E402
+from conftest import write_tokens  # noqa: E402
+
+BATCH = 4
+SEQ_LEN = 10
+
+
+class GatedDataset(nd.NpyTokensDataset):
+    """Every batch after the first waits for a gate file, so a test can change the file in between."""
+
+    gate: str = ""
+
+    def __getitems__(self, indices):
+        if min(indices) >= BATCH:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return super().__getitems__(indices)
+
+
+class KillsItsWorker(nd.NpyTokensDataset):
+    """The worker that fetches window `victim` dies of SIGKILL, as under the kernel's OOM killer."""
+
+    victim = 3 * BATCH
+
+    def __getitems__(self, indices):
+        if self.victim in indices:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitems__(indices)
+
+
+class HangsOnce(nd.NpyTokensDataset):
+    """The batch holding window `slow` takes 3 s, like a read from stalled network storage."""
+
+    slow = 2 * BATCH
+
+    def __getitems__(self, indices):
+        if self.slow in indices:
+            time.sleep(3)
+        return super().__getitems__(indices)
+
+
+def _children_left(timeout: float = 10.0) -> list[int]:
+    """Pids of this process's children still alive after up to timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        children = psutil.Process().children(recursive=True)
+        alive = [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _outcome(read_batches) -> dict:
+    """{"outcome": "finished", "batches": n} or the error's type and message."""
+    try:
+        return {"outcome": "finished", "batches": read_batches()}
+    except Exception as error:  # noqa: BLE001  (the test inspects the type and the message)
+        # PyTorch re-raises a worker's error from a frame that refers to the error: without this, that
+        # cycle keeps the iterator and its workers alive until a later gc pass, and a shutdown run by
+        # the gc waits 5 s per worker.
+        traceback.clear_frames(error.__traceback__)
+        return {"outcome": "error", "type": type(error).__name__, "message": str(error)}
+
+
+def _change(path: Path, how: str) -> None:
+    if how == "truncate":  # in place, same inode: what `truncate -s` or a crashed writer leaves
+        os.truncate(path, 4096)
+    elif how == "rewrite":  # in place, same inode: np.save opens the existing file with "wb"
+        np.save(path, np.arange(50, dtype=np.uint32))
+    elif how == "replace":  # a new inode renamed over the old one, as prepare_tokens does
+        fresh = path.with_name("fresh.npy")
+        np.save(fresh, np.arange(50, dtype=np.uint32))
+        os.replace(fresh, path)
+    elif how == "remove":
+        path.unlink()
+    else:
+        raise ValueError(how)
+
+
+def changed_file(folder: Path, workers: int, how: str) -> dict:
+    """Take one batch, change the file, read on: the error must name the file, and nobody may crash."""
+    path = write_tokens(folder / f"{how}_{workers}.npy", np.arange(200_000, dtype=np.uint32), sidecar=False)
+    ds = GatedDataset(path, SEQ_LEN)
+    ds.gate = str(folder / f"gate_{how}_{workers}")
+    extra = {"multiprocessing_context": "fork"} if workers else {}
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=nd.collate_windows, **extra)
+    it = iter(loader)
+    first = next(it)
+    _change(path, how)
+    Path(ds.gate).touch()
+    result = {"first_batch_starts": first.windows[:, 0].tolist(), "path": str(path)}
+    result.update(_outcome(lambda: sum(1 for _ in it)))
+    del it, loader
+    gc.collect()
+    result["children_left"] = _children_left()
+    return result
+
+
+def killed_worker(folder: Path) -> dict:
+    path = write_tokens(folder / "killed.npy", np.arange(20_000, dtype=np.uint32), sidecar=False)
+    loader = DataLoader(KillsItsWorker(path, SEQ_LEN), batch_size=BATCH, num_workers=2,
+                        multiprocessing_context="fork", collate_fn=nd.collate_windows)  # fmt: skip
+    start = time.monotonic()
+    result = _outcome(lambda: sum(1 for _ in loader))
+    result["seconds"] = time.monotonic() - start
+    del loader
+    gc.collect()
+    result["children_left"] = _children_left()
+    return result
+
+
+def hung_read(folder: Path) -> dict:
+    path = write_tokens(folder / "hung.npy", np.arange(20_000, dtype=np.uint32), sidecar=False)
+    loader = DataLoader(HangsOnce(path, SEQ_LEN), batch_size=BATCH, num_workers=2, timeout=1,
+                        multiprocessing_context="fork", collate_fn=nd.collate_windows)  # fmt: skip
+    start = time.monotonic()
+    result = _outcome(lambda: sum(1 for _ in loader))
+    result["seconds"] = time.monotonic() - start
+    del loader
+    gc.collect()
+    result["children_left"] = _children_left()
+    return result
+
+
+def loaders(folder: Path) -> None:
+    scenarios = {
+        "main_truncate": lambda: changed_file(folder, 0, "truncate"),
+        "main_rewrite": lambda: changed_file(folder, 0, "rewrite"),
+        "workers_truncate": lambda: changed_file(folder, 2, "truncate"),
+        "workers_rewrite": lambda: changed_file(folder, 2, "rewrite"),
+        "workers_replace": lambda: changed_file(folder, 2, "replace"),
+        "workers_remove": lambda: changed_file(folder, 2, "remove"),
+        "killed_worker": lambda: killed_worker(folder),
+        "hung_read": lambda: hung_read(folder),
+    }
+    for name, run in scenarios.items():
+        print(json.dumps({"scenario": name, **run()}), flush=True)
+
+
+def hold(folder: Path) -> None:
+    """The one case the module cannot catch: code that keeps the array while the file shrinks."""
+    path = write_tokens(folder / "held.npy", np.arange(200_000, dtype=np.uint32), sidecar=False)
+    ds = nd.NpyTokensDataset(path, SEQ_LEN)
+    tokens = ds.memmap()  # checked now; every later read through this array bypasses the check
+    print(json.dumps({"before": int(tokens[-1])}), flush=True)
+    os.truncate(path, 0)
+    print(json.dumps({"after": int(tokens[-1])}), flush=True)  # the kernel answers with SIGBUS
+
+
+if __name__ == "__main__":
+    {"loaders": loaders, "hold": hold}[sys.argv[1]](Path(sys.argv[2]))
