@@ -776,6 +776,11 @@ class EpochSampler(Sampler):
         self.remainder = remainder
         if self.num_samples < 1:
             raise ValueError("EpochSampler needs a dataset with at least one window")
+        if remainder == "drop" and self.num_samples < self.world_size:
+            raise ValueError(
+                f"{self.num_samples} windows for world_size={self.world_size}: with remainder=\"drop\" no rank "
+                "would get one; use remainder=\"pad\", fewer ranks or a shorter seq_len"
+            )
         self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
         self.epoch = 0
         self._start = 0  # where in the epoch's order the next iteration begins (set by load_state_dict)
@@ -866,15 +871,18 @@ class EpochSampler(Sampler):
             raise ValueError(f"not an EpochSampler state (expected \"format\": {SAMPLER_STATE_FORMAT!r}): {state!r:.200}")
         if state.get("version") != 1:
             raise ValueError(f"EpochSampler state version {state.get('version')!r} is not supported; expected 1")
-        _compare_fingerprints(state.get("dataset"), self._fingerprint, "the saved state", "this dataset")
         mine = self._state(0, 0, 0, 1)
+        if set(state) != set(mine):
+            raise ValueError(f"EpochSampler state: expected the keys {sorted(mine)}, found {sorted(state)}")
+        _compare_fingerprints(state.get("dataset"), self._fingerprint, "the saved state", "this dataset")
         for key in ("num_samples", "shuffle", "seed"):
             if state.get(key) != mine[key]:
                 raise ValueError(f"EpochSampler state: {key} is {state.get(key)!r} in the state, {mine[key]!r} here")
-        epoch, position = state.get("epoch"), state.get("position")
-        _check_int("state epoch", epoch, 0)
+        epoch, position = state["epoch"], state["position"]
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"EpochSampler state: epoch must be an int >= 0, got {epoch!r}")
         if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < self.num_samples:
-            raise ValueError(f"EpochSampler state: position must be in [0, {self.num_samples}), got {position!r}")
+            raise ValueError(f"EpochSampler state: position must be an int in [0, {self.num_samples}), got {position!r}")
         self.epoch, self._start, self._live = epoch, position, None
 
 
