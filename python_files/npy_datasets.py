@@ -19,6 +19,11 @@ from pathlib import Path
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+try:
+    import resource  # Unix only: the open-file limit that bounds how many files stay mapped
+except ImportError:
+    resource = None  # type: ignore[assignment]
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -52,6 +57,7 @@ MAX_NPY_HEADER = 10_000  # bytes; numpy's own default limit, checked before anyt
 LLMC_HEADER_BYTES = 256 * 4  # llm.c shards: 256 int32 words (magic, version, token count, ...)
 LLMC_FORMATS = {20240520: (1, np.dtype("<u2")), 20240801: (7, np.dtype("<u4"))}  # magic: (version, dtype)
 WINDOW_MODES = ("windows", "random")  # non-overlapping windows, or nanoGPT-style random starts
+MAX_OPEN_FILES = 64  # token files one process keeps mapped (each map holds a file descriptor); LRU beyond
 
 
 class TokenFileError(ValueError):
@@ -402,6 +408,16 @@ def _expand_paths(path: Any) -> list[str]:
     raise TypeError(f"path must be a token file, a non-empty list of them or a glob pattern, got {path!r}")
 
 
+def _open_file_budget() -> int:
+    """How many token files one process keeps mapped: MAX_OPEN_FILES, fewer under a low open-file limit."""
+    if resource is None:
+        return MAX_OPEN_FILES
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_FILES
+    return max(1, min(MAX_OPEN_FILES, soft // 4))  # leave most descriptors to torch, workers and the program
+
+
 def _file_identity(path: str) -> tuple[int, int, int, int]:
     st = os.stat(path)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -453,6 +469,8 @@ class NpyTokensDataset(Dataset):
         self.paths = _expand_paths(path)
         self.dtype = ""
         self._files: list[tuple[str, tuple[int, int], int, tuple[int, int, int, int]]] = []
+        self._sha256: list[str | None] = []  # each file's checksum from its sidecar, as opened (for fingerprint)
+        tokenizer: tuple[str, str] | None = None  # (a file, its tokenizer) from the first file with a sidecar
         for p in self.paths:  # check every file now: a bad shard fails here, not mid-run
             arr = open_tokens(p, dtype, vocab_size=vocab_size, verify=verify)
             if self.dtype and arr.dtype.name != self.dtype:
@@ -461,6 +479,15 @@ class NpyTokensDataset(Dataset):
                     "the files of one dataset need one dtype"
                 )
             self.dtype = arr.dtype.name
+            meta = read_sidecar(p)
+            self._sha256.append(meta["sha256"] if meta is not None else None)
+            if meta is not None:  # ids from two tokenizers mean different things: never mix them
+                tokenizer = tokenizer or (p, meta["tokenizer"])
+                if meta["tokenizer"] != tokenizer[1]:
+                    raise TokenFileError(
+                        f"{p!r} was tokenized with {meta['tokenizer']!r} but {tokenizer[0]!r} with "
+                        f"{tokenizer[1]!r}; the files of one dataset need one tokenizer"
+                    )
             rows, row_len = (1, arr.shape[0]) if arr.ndim == 1 else arr.shape
             self._files.append((p, (int(rows), int(row_len)), int(arr.offset), _file_identity(p)))
         spare = self.seq_len - 1 if epoch_offset else 0  # tokens an offset may take from the front
@@ -478,12 +505,12 @@ class NpyTokensDataset(Dataset):
                 + ("(two windows, so any offset leaves one)" if epoch_offset else "(one x plus its shifted y)")
             )
         self.num_samples = windows if num_samples is None else _check_int("num_samples", num_samples, 1)
-        self._maps: list[np.memmap | None] = [None] * len(self._files)
+        self._maps: dict[int, np.memmap] = {}  # file index -> its map, least recently used first
         self._tables: tuple[np.ndarray, ...] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_maps"] = [None] * len(self._files)  # never pickle mapped data: each worker reopens the files
+        state["_maps"] = {}  # never pickle mapped data: each worker reopens the files
         state["_tables"] = None  # rebuilt on first use, so a worker's pickle stays small
         return state
 
@@ -495,6 +522,7 @@ class NpyTokensDataset(Dataset):
 
         The file is checked on every use, not only on opening: a forked worker inherits the mapping,
         and reading a mapped file that was truncated in place kills the process with a bus error.
+        At most _open_file_budget() files stay mapped; the least recently used one is closed first.
         """
         path, (rows, row_len), offset, identity = self._files[f]
         try:
@@ -506,9 +534,13 @@ class NpyTokensDataset(Dataset):
                 f"{path!r} changed since the dataset was opened (size, inode or mtime differ, or it "
                 "was removed); build a new dataset after the prep step finishes"
             )
-        if self._maps[f] is None:
-            self._maps[f] = np.memmap(path, dtype=self.dtype, mode="r", offset=offset, shape=(rows * row_len,))
-        return self._maps[f]
+        mapped = self._maps.pop(f, None)  # re-inserted below: a dict keeps insertion order, so last = newest
+        if mapped is None:
+            mapped = np.memmap(path, dtype=self.dtype, mode="r", offset=offset, shape=(rows * row_len,))
+            if len(self._maps) >= _open_file_budget():
+                del self._maps[next(iter(self._maps))]  # the least recently used map (and its descriptor) goes
+        self._maps[f] = mapped
+        return mapped
 
     def file_summary(self) -> list[dict[str, Any]]:
         """Per file: tokens, sequences (rows), windows, and tokens no window of mode "windows" uses."""
@@ -521,12 +553,12 @@ class NpyTokensDataset(Dataset):
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides this dataset's windows, for comparing runs and ranks: each file's name,
-        size, dtype and shape (and sha256 from its sidecar), and the window settings."""
+        size, dtype and shape (and sha256 from its sidecar, as it was when the dataset opened the file),
+        and the window settings."""
         files = []
-        for path, shape, _, identity in self._files:
-            meta = read_sidecar(path)
+        for (path, shape, _, identity), sha256 in zip(self._files, self._sha256):
             files.append({"name": Path(path).name, "bytes": identity[2], "dtype": self.dtype, "shape": list(shape),
-                          "sha256": meta["sha256"] if meta else None})  # fmt: skip
+                          "sha256": sha256})  # fmt: skip
         return {"files": files, "seq_len": self.seq_len, "mode": self.mode, "num_samples": self.num_samples,
                 "seed": self.seed, "epoch_offset": self.epoch_offset}  # fmt: skip
 
@@ -625,10 +657,13 @@ class NpyTokensDataset(Dataset):
             tokens = np.asarray(self.memmap(0))  # a plain ndarray view: slicing it skips np.memmap's Python hooks
             for b, first in enumerate(firsts):
                 compact[b] = tokens[first : first + width]
-        else:
-            maps = {f: np.asarray(self.memmap(f)) for f in set(files.tolist())}
-            for b, (f, first) in enumerate(zip(files.tolist(), firsts)):
-                compact[b] = maps[f][first : first + width]
+        else:  # grouped by file, so one map at a time is in use however many files a batch touches
+            files_of, current = files.tolist(), -1
+            for b in np.argsort(files, kind="stable").tolist():
+                if files_of[b] != current:
+                    current = files_of[b]
+                    tokens = np.asarray(self.memmap(current))
+                compact[b] = tokens[firsts[b] : firsts[b] + width]
         return _Samples(torch.from_numpy(compact))
 
 
