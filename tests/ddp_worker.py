@@ -1,7 +1,7 @@
 """One rank of a real torchrun job for tests/test_scale.py (gloo on the CPU, no GPU needed).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_worker.py \
-        --out DIR --train FILE --val FILE --seq-len 8 --batch-size 3 [--rank1-seq-len 16 | --rank1-train OTHER]
+        --out DIR --train FILE --val FILE --seq-len 8 --batch-size 3 [--rank1-seq-len 16 | --rank1-train OTHER | --rank1-seed 4]
 
 Each rank builds its datasets, calls make_dataloaders (which checks across ranks that they agree),
 runs one epoch of train and val, then one epoch through a plain DataLoader with torch's
@@ -37,6 +37,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rank1-seq-len", type=int, help="rank 1 uses this seq_len instead (a mismatch)")
     parser.add_argument("--rank1-train", help="rank 1 uses this train file instead (a mismatch)")
+    parser.add_argument("--rank1-seed", type=int, help="rank 1 uses this shuffle seed instead (a mismatch)")
     args = parser.parse_args()
     # A short timeout: a rank that waits for a peer that never comes fails instead of hanging.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
@@ -44,10 +45,11 @@ def main() -> int:
     out = Path(args.out) / f"rank{rank}.json"
     seq_len = args.rank1_seq_len if rank == 1 and args.rank1_seq_len else args.seq_len
     train_path = args.rank1_train if rank == 1 and args.rank1_train else args.train
+    seed = args.rank1_seed if rank == 1 and args.rank1_seed is not None else args.seed
     try:
         train = nd.NpyTokensDataset(train_path, seq_len)
         val = nd.NpyTokensDataset(args.val, seq_len)
-        train_loader, val_loader = nd.make_dataloaders(train, val, args.batch_size, num_workers=0, seed=args.seed)
+        train_loader, val_loader = nd.make_dataloaders(train, val, args.batch_size, num_workers=0, seed=seed)
         plain = DataLoader(train, batch_size=args.batch_size, sampler=DistributedSampler(train, seed=args.seed))
         seen = {"rank": rank, "world_size": world, "train": rows(train_loader), "val": rows(val_loader),
                 "distributed_sampler": rows(plain), "train_state": train_loader.state_dict()}  # fmt: skip

@@ -1,8 +1,8 @@
-"""The bad-input and fault catalogue: every one of its 80 items, tried here, waiting for issue 5, or not applicable.
+"""The bad-input and fault catalogue: every one of its 80 items, tried or not applicable.
 
 CATALOGUE below is the one table. Each entry names the tests that try the item (in this file,
-test_faults.py, or the older test files), or says why the item does not apply to this project, or
-that it waits for the distributed work of issue 5. Where the project deliberately does something
+test_faults.py, test_scale.py or the older test files), or says why the item does not apply to this
+project, or (for future work) which issue it waits for. Where the project deliberately does something
 other than the catalogue suggests, `differs` says what, and the tests check the project's own
 documented behaviour; `limit` names a case the module cannot catch and why.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import json
 import os
 import pickle
@@ -45,6 +46,8 @@ from torch.utils.data import DataLoader
 import npy_datasets as nd
 from conftest import ROOT, write_tokens
 
+REMAINDERS = nd.REMAINDERS
+
 TOKEN_FILE_ERROR = nd.TokenFileError
 
 
@@ -64,6 +67,7 @@ AREAS = {
 OLD = "test_npy_datasets.py::"
 PREP = "test_prepare.py::"
 FAULTS = "test_faults.py::"
+SCALE = "test_scale.py::"
 
 
 @dataclass(frozen=True)
@@ -147,10 +151,9 @@ CATALOGUE = [
                  "(its error names the row; the file name appears only in datasets' log)"),
     Item(36, "dtype", "missing or non-text column", (PREP + "test_missing_column_lists_available_columns",
                                                      PREP + "test_non_text_column_is_refused")),
-    Item(37, "dtype", "mixing dtypes or tokenizers across shards",
-         not_applicable="one file per split, and a dataset reads exactly one file: nothing is ever "
-                        "concatenated (make_dataloaders pairs train and validation without comparing "
-                        "their sidecars)"),
+    Item(37, "dtype", "mixing dtypes or tokenizers across shards", ("test_item_37_one_dtype_and_one_tokenizer_per_dataset",),
+         differs="a file without sidecar has no recorded tokenizer and is not compared; make_dataloaders "
+                 "does not compare train with validation (two datasets, each checked on its own)"),
     Item(38, "dtype", "vocabulary size from the right attribute", ("test_item_38_vocab_limits_come_from_the_encoding",)),
     Item(39, "dtype", "what __getitem__ returns", ("test_item_39_windows_are_int64_copies",)),
     # --- workers ---
@@ -167,21 +170,42 @@ CATALOGUE = [
     Item(46, "workers", "pinned memory", (OLD + "test_pinned_batches_reach_the_gpu",
                                           "test_item_46_no_pinning_and_no_warning_without_a_gpu"),
          differs="the GPU half runs only where CUDA is available; without it make_dataloaders does not pin"),
-    Item(47, "workers", "open files and mappings", ("test_item_47_no_file_opened_per_window",),
-         differs="a dataset maps exactly one file, so there is no per-shard cache to bound"),
+    Item(47, "workers", "open files and mappings", ("test_item_47_no_file_opened_per_window",
+                                                    "test_item_47_many_shards_under_a_low_open_file_limit")),
     Item(48, "workers", "early break and deleted loaders",
          (FAULTS + "test_breaking_early_and_deleting_the_loader_stop_the_workers",)),
     Item(49, "workers", "memory over long epochs", ("test_item_49_private_memory_stays_flat",)),
     Item(50, "workers", "randomness only from (seed, epoch, index)", ("test_item_50_no_global_random_state",)),
-    # --- distributed (issue 5) ---
-    Item(51, "distributed", "rank partitions", pending="issue 5"),
-    Item(52, "distributed", "set_epoch forgotten", pending="issue 5"),
-    Item(53, "distributed", "ranks with different seeds or files", pending="issue 5"),
-    Item(54, "distributed", "a rank reads a file still being written", pending="issue 5"),
-    Item(55, "distributed", "fewer windows than ranks, unequal batches", pending="issue 5"),
-    Item(56, "distributed", "invalid rank or world size", pending="issue 5"),
-    Item(57, "distributed", "resume with changed settings", pending="issue 5"),
-    Item(58, "distributed", "resume state round trip", pending="issue 5"),
+    # --- distributed ---
+    Item(51, "distributed", "rank partitions", (SCALE + "test_ranks_split_each_epoch_disjoint_and_complete",
+                                                SCALE + "test_distributed_sampler_indices_are_windows_of_epoch_zero",
+                                                SCALE + "test_torchrun_ranks_cover_the_epoch_disjointly")),
+    Item(52, "distributed", "set_epoch forgotten", ("test_item_52_every_iteration_is_the_next_epoch",
+                                                    SCALE + "test_iterators_made_and_dropped_do_not_skip_epochs"),
+         differs="nothing to forget and so no warning: EpochSampler starts the next epoch at every iteration "
+                 "(set_epoch only chooses one); torch's DistributedSampler still needs set_epoch, as its "
+                 "documentation says"),
+    Item(53, "distributed", "ranks with different seeds or files",
+         (SCALE + "test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field",)),
+    Item(54, "distributed", "a rank reads a file still being written", ("test_item_54_a_file_being_written_is_never_read",),
+         differs="no rank waits for another's prep (run prep before launching): the file in progress has a "
+                 "hidden temporary name, so an early rank finds no file, or the previous complete one, which "
+                 "the ranks' agreement check and the per-read file check refuse"),
+    Item(55, "distributed", "fewer windows than ranks, unequal batches",
+         ("test_item_55_fewer_windows_than_ranks_and_equal_steps", SCALE + "test_ranks_split_each_epoch_disjoint_and_complete"),
+         differs="equal steps per rank follow from the split (every rank takes the same number of items) and "
+                 "from the agreement check on files and settings, so len(dataloader) is not all-gathered"),
+    Item(56, "distributed", "invalid rank or world size", ("test_item_56_invalid_rank_or_world_size",)),
+    Item(57, "distributed", "resume with changed settings",
+         (SCALE + "test_resume_refuses_a_state_from_other_windows",
+          SCALE + "test_resume_with_another_batch_or_world_size_continues_at_the_same_position",
+          SCALE + "test_resume_in_a_fresh_process_continues_exactly")),
+    Item(58, "distributed", "resume state round trip",
+         (SCALE + "test_resume_in_a_fresh_process_continues_exactly",
+          SCALE + "test_make_dataloaders_resume_across_the_epoch_end",
+          SCALE + "test_any_stop_point_is_a_global_position_the_next_run_starts_from"),
+         differs="a state saved after an epoch's last batch already points at the next epoch, so the resumed "
+                 "loop's first iteration is that whole epoch (torchdata's first iteration would be empty)"),
     # --- interruption / disk (prep side) ---
     Item(59, "disk", "SIGKILL during prep", (FAULTS + "test_sigkill_at_each_stage_of_prep_leaves_nothing_half_done",)),
     Item(60, "disk", "Ctrl-C or an exception mid-write",
@@ -226,7 +250,7 @@ CATALOGUE = [
          differs="a symlinked output folder is followed: --out is the user's own choice"),
     Item(77, "security", "remote code from the Hub", ("test_item_72_77_no_pickle_loading_or_remote_code",),
          differs="Hub inputs record datasets' fingerprint in the sidecar, not a pinned revision"),
-    Item(78, "security", "resume state validated", pending="issue 5"),
+    Item(78, "security", "resume state validated", ("test_item_78_resume_state_is_validated",)),
     Item(79, "security", "tampered tiktoken cache", ("test_item_79_tampered_tokenizer_file_is_refused",)),
     Item(80, "security", "file modes", ("test_item_80_output_modes_follow_the_umask",),
          differs="the project creates no cache folder of its own, so only the output modes apply"),
@@ -318,11 +342,6 @@ def test_readme_table_matches_the_catalogue():
     assert body == area_rows(), "README figures differ from the table; expected rows:\n" + "\n".join(
         "| " + " | ".join(row) + " |" for row in area_rows()
     )
-
-
-@pytest.mark.parametrize("item", [i for i in CATALOGUE if i.pending], ids=lambda i: f"item{i.number:02d}")
-def test_pending_item(item):
-    pytest.skip(f"pending {item.pending}: item {item.number}, {item.title}")
 
 
 # =================================================================================================
@@ -874,6 +893,21 @@ def test_item_35_hostile_text(tmp_path, pt):
     assert not (tmp_path / "out2" / "train.npy").exists()
 
 
+def test_item_37_one_dtype_and_one_tokenizer_per_dataset(tmp_path):
+    gpt2 = write_tokens(tmp_path / "a.npy", np.arange(100, dtype=np.uint16), tokenizer="tiktoken:gpt2")
+    wide = write_tokens(tmp_path / "b.npy", np.arange(100, dtype=np.uint32), tokenizer="tiktoken:gpt2")
+    other = write_tokens(tmp_path / "c.npy", np.arange(100, dtype=np.uint16), tokenizer="test:other")
+    bare = write_tokens(tmp_path / "d.npy", np.arange(100, dtype=np.uint16), sidecar=False)
+    with pytest.raises(nd.TokenFileError) as info:
+        nd.NpyTokensDataset([gpt2, wide], 8)
+    assert f"{str(wide)!r} holds uint32 but {str(gpt2)!r} holds uint16" in str(info.value)
+    with pytest.raises(nd.TokenFileError) as info:
+        nd.NpyTokensDataset([gpt2, bare, other], 8)  # same dtype, ids from another tokenizer
+    assert (f"{str(other)!r} was tokenized with 'test:other' but {str(gpt2)!r} with 'tiktoken:gpt2'; "
+            "the files of one dataset need one tokenizer") in str(info.value)  # fmt: skip
+    assert len(nd.NpyTokensDataset([gpt2, bare], 8)) == 2 * 12  # nothing recorded for d.npy: nothing to compare
+
+
 def test_item_38_vocab_limits_come_from_the_encoding(tmp_path, pt):
     import tiktoken
 
@@ -934,6 +968,43 @@ def test_item_47_no_file_opened_per_window(tmp_path):
     assert len(mappings) == 1  # one mapping, made once
 
 
+SHARD_EPOCH = """
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+import npy_datasets as nd
+from torch.utils.data import DataLoader
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+ds = nd.NpyTokensDataset(sys.argv[2], 8)
+mapped = lambda: len({line.split()[-1] for line in open("/proc/self/maps") if "shard_" in line})
+train, _ = nd.make_dataloaders(ds, ds, batch_size=32, num_workers=0)
+seen, most = [], 0
+for x, _ in train:
+    seen += x[:, 0].tolist()
+    most = max(most, mapped())
+workers = DataLoader(ds, batch_sampler=nd.EpochSampler(ds, batch_size=32), num_workers=2, collate_fn=nd.collate_windows)
+in_workers = [v for x, _ in workers for v in x[:, 0].tolist()]
+print(json.dumps({"windows": len(ds), "seen": seen, "workers": in_workers, "most_mapped": most,
+                  "budget": nd._open_file_budget()}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="sets RLIMIT_NOFILE and counts maps through Linux's /proc")
+def test_item_47_many_shards_under_a_low_open_file_limit(tmp_path):
+    for i in range(200):  # shard i holds ids 100*i .. 100*i + 49: six windows of 8
+        write_tokens(tmp_path / f"shard_{i:03d}.npy", np.arange(100 * i, 100 * i + 50, dtype=np.uint16))
+    proc = subprocess.run([sys.executable, "-c", SHARD_EPOCH, str(ROOT / "python_files"), str(tmp_path / "shard_*.npy")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    every = sorted(100 * i + 8 * k for i in range(200) for k in range(6))
+    assert got["windows"] == 1200 and got["budget"] == 16  # 64 descriptors: a quarter of them for maps
+    assert sorted(got["seen"]) == every[: len(got["seen"])] or len(got["seen"]) == 1184  # drop_last: 37 batches
+    assert len(set(got["seen"])) == len(got["seen"]) == 1184 and set(got["seen"]) <= set(every)
+    assert sorted(got["workers"]) == every  # two workers under the same limit: the whole epoch
+    assert 1 <= got["most_mapped"] <= 16  # an epoch over 200 files never held more than the budget
+
+
 def _memory_kb(field: str) -> int:
     for line in Path("/proc/self/status" if field == "RssFile" else "/proc/self/smaps_rollup").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -987,6 +1058,87 @@ def test_item_50_no_global_random_state(arange_file):
                         multiprocessing_context="fork", collate_fn=nd.collate_windows)  # fmt: skip
     starts = sorted(v for batch in loader for v in batch.windows[:, 0].tolist())
     assert starts == [7 * i for i in range(len(windows))]  # two workers, every window exactly once
+
+
+# =================================================================================================
+# Distributed (the torchrun, rank-split and resume tests live in test_scale.py).
+
+
+def test_item_52_every_iteration_is_the_next_epoch(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 49 windows
+    train, _ = nd.make_dataloaders(ds, ds, batch_size=6, num_workers=0, seed=3)
+    epochs = [[v for x, _ in train for v in x[:, 0].tolist()] for _ in range(3)]  # no set_epoch anywhere
+    assert all(len(set(e)) == len(e) == 48 for e in epochs)  # 8 batches of 6, one window dropped
+    assert epochs[0] != epochs[1] != epochs[2] != epochs[0]
+    train.batch_sampler.set_epoch(1)  # choosing an epoch replays it
+    assert [v for x, _ in train for v in x[:, 0].tolist()] == epochs[1]
+
+
+def test_item_54_a_file_being_written_is_never_read(tmp_path, pt):
+    path = tmp_path / "train_000.npy"
+    seen = []
+
+    def chunks(ids):
+        yield ids[:40]
+        for attempt in (lambda: nd.NpyTokensDataset(path, 8), lambda: nd.NpyTokensDataset(str(tmp_path / "train_*.npy"), 8)):
+            try:  # a rank starting now, while the first chunk sits in the temporary file
+                seen.append(attempt())
+            except FileNotFoundError as e:
+                seen.append(str(e))
+        yield ids[40:]
+
+    pt.write_token_file(chunks(np.arange(100)), path)
+    assert seen == [f"token file {str(path)!r} does not exist",
+                    f"no token file matches the pattern {str(tmp_path / 'train_*.npy')!r}"]  # fmt: skip
+    write_tokens(path, np.arange(100, dtype=np.uint16))  # a finished file with its sidecar
+    early = []
+
+    def rerun():  # the same size and dtype, other ids: only the checksum tells the versions apart
+        yield np.arange(100, 150)
+        early.append(nd.NpyTokensDataset(path, 8))  # this rank opens the previous, complete file
+        yield np.arange(150, 200)
+
+    pt.write_token_file(rerun(), path)  # renamed into place; its sidecar is not written yet
+    late = nd.NpyTokensDataset(path, 8)
+    with pytest.raises(ValueError, match=r"dataset differs in file 0 \('train_000.npy'\): sha256 is '[0-9a-f]{64}' in rank 0, None in rank 1"):
+        nd._compare_fingerprints(early[0].fingerprint(), late.fingerprint(), "rank 0", "rank 1")  # what verify_across_ranks reports
+    with pytest.raises(nd.TokenFileError, match="changed since the dataset was opened"):
+        early[0][0]  # and the early rank itself never reads the new bytes as the old file
+    assert late[0][0][:3].tolist() == [100, 101, 102]
+
+
+def test_item_55_fewer_windows_than_ranks_and_equal_steps(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(25), 8)  # 3 windows
+    with pytest.raises(ValueError, match=r'3 windows for world_size=4: with remainder="drop" no rank would get one; use remainder="pad"'):
+        nd.make_dataloaders(ds, ds, batch_size=2, num_workers=0, world_size=4, rank=0)  # training drops
+    padded = [nd.EpochSampler(ds, world_size=4, rank=r, remainder="pad") for r in range(4)]
+    assert [len(list(s)) for s in padded] == [1] * 4 and padded[0].padded == 1
+    for n in range(1, 25):  # every rank takes the same number of steps, whatever n, W, B and the options
+        for world in range(1, 9):
+            for batch_size, drop_last, remainder in itertools.product((1, 2, 5), (False, True), REMAINDERS):
+                if remainder == "drop" and n < world:
+                    continue
+                ranks = [nd.EpochSampler(range(n), world_size=world, rank=r, batch_size=batch_size,
+                                         drop_last=drop_last, remainder=remainder) for r in range(world)]  # fmt: skip
+                steps = {(len(s), len(list(s))) for s in ranks}
+                assert len(steps) == 1 and len({a for a, b in steps if a == b}) == 1, (n, world, batch_size, drop_last, remainder)
+
+
+def test_item_56_invalid_rank_or_world_size(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(200), 8)
+    cases = [
+        ({"world_size": 2, "rank": 2}, ValueError, "rank must be in [0, 2) for world_size=2, got 2"),
+        ({"world_size": 2, "rank": -1}, ValueError, "rank must be at least 0, got -1"),
+        ({"world_size": 0, "rank": 0}, ValueError, "world_size must be at least 1, got 0"),
+        ({"world_size": 2.0, "rank": 0}, TypeError, "world_size must be an int, got float 2.0"),
+        ({"world_size": 2, "rank": True}, TypeError, "rank must be an int, got bool True"),
+        ({"world_size": 2}, ValueError, "pass both world_size and rank, or neither; got world_size=2, rank=None"),
+    ]
+    for kwargs, error, message in cases:
+        for build in (lambda: nd.EpochSampler(ds, **kwargs), lambda: nd.make_dataloaders(ds, ds, 4, num_workers=0, **kwargs)):
+            with pytest.raises(error) as info:
+                build()
+            assert message in str(info.value), (kwargs, str(info.value))
 
 
 # =================================================================================================
@@ -1282,6 +1434,40 @@ def test_item_76_planted_symlinks(tmp_path, pt, monkeypatch):
     pt.write_token_file([np.arange(5)], out / "train.bin", layout="bin")
     assert victim.read_text() == "precious" and planted.is_symlink()
     assert np.fromfile(out / "train.bin", dtype=np.uint16).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_item_78_resume_state_is_validated(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(200), 8)  # 24 windows
+    sampler = nd.EpochSampler(ds, seed=1, batch_size=4)
+    next(iter(sampler))
+    state = sampler.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 4)
+    other = nd.NpyTokensDataset(arange_file(200, name="other.npy"), 6)
+    bad = [
+        ([], "not an EpochSampler state"),
+        ({**state, "format": "torchdata"}, "not an EpochSampler state"),
+        ({**state, "version": 2}, "EpochSampler state version 2 is not supported; expected 1"),
+        ({**state, "extra": 1}, "EpochSampler state: expected the keys"),
+        ({k: v for k, v in state.items() if k != "position"}, "EpochSampler state: expected the keys"),
+        ({**state, "epoch": -1}, "epoch must be an int >= 0, got -1"),
+        ({**state, "epoch": "1"}, "epoch must be an int >= 0, got '1'"),
+        ({**state, "epoch": True}, "epoch must be an int >= 0, got True"),
+        ({**state, "position": 24}, "position must be an int in [0, 24), got 24"),
+        ({**state, "position": -1}, "position must be an int in [0, 24), got -1"),
+        ({**state, "position": 4.0}, "position must be an int in [0, 24), got 4.0"),
+        ({**state, "seed": 2}, "seed is 2 in the state, 1 here"),
+        ({**state, "num_samples": 25}, "num_samples is 25 in the state, 24 here"),
+        ({**state, "dataset": other.fingerprint()}, "dataset differs in file 0 ('tokens.npy'): name is 'other.npy'"),
+    ]
+    fresh = nd.EpochSampler(ds, seed=1, batch_size=4)
+    before = fresh.state_dict()
+    for value, message in bad:
+        with pytest.raises(ValueError) as info:
+            fresh.load_state_dict(value)
+        assert message in str(info.value), (value, str(info.value))
+        assert fresh.state_dict() == before  # a refused state changes nothing
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert [list(b) for b in fresh][0] == [(0, i) for i in nd.EpochSampler(ds, seed=1).order(0)[4:8]]
 
 
 def test_item_79_tampered_tokenizer_file_is_refused(tmp_path, pt):

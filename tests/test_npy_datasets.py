@@ -167,7 +167,7 @@ def test_pickles_small_without_the_data(arange_file):
     blob = pickle.dumps(ds)
     assert len(blob) < 1024
     clone = pickle.loads(blob)
-    assert clone._maps == [None] and torch.equal(clone[5][0], ds[5][0])
+    assert clone._maps == {} and torch.equal(clone[5][0], ds[5][0])
     assert pickle.loads(blob).memmap().flags.writeable is False
 
 

@@ -223,7 +223,7 @@ def test_pickles_small_and_workers_give_the_same_batches(tmp_path):
     blob = pickle.dumps(ds)
     assert len(blob) < 1024 + 300 * len(paths)  # paths and shapes, never the mapped data
     clone = pickle.loads(blob)
-    assert clone._maps == [None] * 3 and clone._tables is None and torch.equal(clone[(4, 7)][0], ds[(4, 7)][0])
+    assert clone._maps == {} and clone._tables is None and torch.equal(clone[(4, 7)][0], ds[(4, 7)][0])
 
     def batches(workers):
         sampler = nd.EpochSampler(ds, seed=1, batch_size=7)
@@ -378,16 +378,18 @@ def test_torchrun_ranks_cover_the_epoch_disjointly(tmp_path):
     assert sorted(set(plain[0] + plain[1])) == list(range(25)) and len(plain[0]) == len(plain[1]) == 13
 
 
-@pytest.mark.parametrize("mismatch", ["seq_len", "file"])
+@pytest.mark.parametrize("mismatch", ["seq_len", "file", "seed"])
 def test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field(tmp_path, mismatch):
     train = write_tokens(tmp_path / "train.npy", np.arange(205, dtype=np.uint16))
     val = write_tokens(tmp_path / "val.npy", np.arange(60, dtype=np.uint16))
     other = write_tokens(tmp_path / "other.npy", np.arange(300, dtype=np.uint16))
-    extra = ["--rank1-seq-len", "16"] if mismatch == "seq_len" else ["--rank1-train", str(other)]
+    extra, expected = {
+        "seq_len": (["--rank1-seq-len", "16"], "seq_len is 8 in rank 0, 16 in rank 1"),
+        "file": (["--rank1-train", str(other)], "name is 'train.npy' in rank 0, 'other.npy' in rank 1"),
+        "seed": (["--rank1-seed", "4"], "seed is 3 on rank 0, 4 on rank 1"),
+    }[mismatch]
     proc, reports = torchrun(tmp_path, train, val, *extra)
     assert proc.returncode != 0 and len(reports) == 2, proc.stderr[-3000:]
-    expected = ("seq_len is 8 in rank 0, 16 in rank 1" if mismatch == "seq_len"
-                else "name is 'train.npy' in rank 0, 'other.npy' in rank 1")  # fmt: skip
     for report in reports:
         assert report["error"].startswith("RuntimeError: rank 1 ") and expected in report["error"], report
 
