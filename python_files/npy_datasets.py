@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch.autograd.profiler import record_function
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 from torch.utils.data._utils.pin_memory import pin_memory
 
 __all__ = [
@@ -362,31 +362,36 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 _MASK64 = (1 << 64) - 1
+_SPLITMIX = (0x9E3779B97F4A7C15, 30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31)  # add, shift, multiply, ...
+_SPLITMIX_U64 = tuple(np.uint64(c) for c in _SPLITMIX)  # the same as numpy scalars, made once
 
 
-def _mix64(x: Any) -> Any:
-    """SplitMix64's finaliser: a fast, well-spread hash of uint64 values (a Python int, or an
-    array of them, wrapping mod 2**64)."""
+def _mix64(x: Any, plus: int = 0) -> Any:
+    """SplitMix64's finaliser of x + plus: a fast, well-spread hash of uint64 values (a Python int,
+    or a uint64 array, which it overwrites), wrapping mod 2**64."""
     if isinstance(x, int):
-        x = (x + 0x9E3779B97F4A7C15) & _MASK64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-        return x ^ (x >> 31)
-    x = x + np.uint64(0x9E3779B97F4A7C15)  # a new array; the rest works in place
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
+        golden, s1, m1, s2, m2, s3 = _SPLITMIX
+        x = (x + plus + golden) & _MASK64
+        x = ((x ^ (x >> s1)) * m1) & _MASK64
+        x = ((x ^ (x >> s2)) * m2) & _MASK64
+        return x ^ (x >> s3)
+    golden, s1, m1, s2, m2, s3 = _SPLITMIX_U64
+    x += np.uint64((_SPLITMIX[0] + plus) & _MASK64) if plus else golden  # x + plus + golden in one call
+    x ^= x >> s1  # in place, one numpy call each: every call costs about a microsecond here
+    x *= m1
+    x ^= x >> s2
+    x *= m2
+    x ^= x >> s3
     return x
 
 
-def _keyed_hash(seed: int, stream: int, epoch: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """A uint64 that depends only on (seed, stream, epoch, index): no RNG state anywhere."""
+def _keyed_hash(seed: int, stream: int, epoch: int | np.ndarray, index: np.ndarray) -> np.ndarray:
+    """A uint64 per index that depends only on (seed, stream, epoch, index): no RNG state anywhere.
+
+    epoch is one int for every index (a batch from EpochSampler) or an array, one per index."""
     key = _mix64((seed * 4 + stream) & _MASK64)
-    first = int(epoch[0]) if len(epoch) else 0
-    if (epoch == first).all():  # one epoch per batch, as EpochSampler gives: hash it once, as an int
-        return _mix64(np.uint64(_mix64((key + first) & _MASK64)) + index.astype(np.uint64))
+    if isinstance(epoch, (int, np.integer)):  # hash the epoch once, as a Python int
+        return _mix64(index.astype(np.uint64), plus=_mix64(key, plus=int(epoch)))
     return _mix64(_mix64(np.uint64(key) + epoch.astype(np.uint64)) + index.astype(np.uint64))
 
 
@@ -518,7 +523,11 @@ class NpyTokensDataset(Dataset):
         self.__dict__.update(state)
 
     def memmap(self, f: int = 0) -> np.memmap:
-        """The read-only memmap of file f (1-D), opened lazily in whichever process uses it first.
+        """The read-only memmap of file f (1-D), opened lazily in whichever process uses it first."""
+        return self._mapped(f)[0]
+
+    def _mapped(self, f: int) -> tuple[np.memmap, np.ndarray]:
+        """File f's memmap, and a read-only view of it whose row s is the window of tokens s .. s + seq_len.
 
         The file is checked on every use, not only on opening: a forked worker inherits the mapping,
         and reading a mapped file that was truncated in place kills the process with a bus error.
@@ -536,7 +545,11 @@ class NpyTokensDataset(Dataset):
             )
         mapped = self._maps.pop(f, None)  # re-inserted below: a dict keeps insertion order, so last = newest
         if mapped is None:
-            mapped = np.memmap(path, dtype=self.dtype, mode="r", offset=offset, shape=(rows * row_len,))
+            tokens = np.memmap(path, dtype=self.dtype, mode="r", offset=offset, shape=(rows * row_len,))
+            flat, width = np.asarray(tokens), self.seq_len + 1  # asarray: a plain ndarray, without memmap's hooks
+            step = flat.strides[0]  # overlapping rows, one token apart: no copy, nothing read yet
+            windows = np.lib.stride_tricks.as_strided(flat, (max(len(flat) - width + 1, 0), width), (step, step), writeable=False)
+            mapped = (tokens, windows)
             if len(self._maps) >= _open_file_budget():
                 del self._maps[next(iter(self._maps))]  # the least recently used map (and its descriptor) goes
         self._maps[f] = mapped
@@ -597,14 +610,16 @@ class NpyTokensDataset(Dataset):
             self._tables = (row_len, per_row, starts, window_cum, start_cum)
         return self._tables
 
-    def locate(self, epochs: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """File, row and first-token position of each window, given arrays of epochs and indices."""
+    def locate(self, epochs: int | np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """File, row and first-token position of each window, given an array of indices and their
+        epochs (one int for all of them, or an array)."""
         row_len, per_row, starts_per_row, window_cum, start_cum = self._layout_tables()
         if self.mode == "windows":
             cum, local = window_cum, indices
         else:
             cum = start_cum
             local = (_keyed_hash(self.seed, 2, epochs, indices) % np.uint64(start_cum[-1])).astype(np.int64)
+        one_row = len(cum) == 2 and self._files[0][1][0] == 1  # one 1-D file: rows are all 0, no division
         if len(cum) == 2:  # one file: no search, plain ints
             files = np.zeros(len(local), dtype=np.int64)
             per_row, starts_per_row = int(per_row[0]), int(starts_per_row[0])
@@ -613,99 +628,124 @@ class NpyTokensDataset(Dataset):
             local = local - cum[files]
             per_row, starts_per_row = per_row[files], starts_per_row[files]
         if self.mode == "windows":
-            rows, slot = np.divmod(local, per_row)
+            rows, slot = (files, local) if one_row else np.divmod(local, per_row)
             starts = slot * self.seq_len
             if self.epoch_offset:
                 shift = _keyed_hash(self.seed, 1, epochs, np.zeros_like(indices)) % np.uint64(self.seq_len)
                 starts += shift.astype(np.int64)
         else:
-            rows, starts = np.divmod(local, starts_per_row)
+            rows, starts = (files, local) if one_row else np.divmod(local, starts_per_row)
         return files, rows, starts
 
     def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, i = self._split_index(index)
-        files, rows, starts = self.locate(np.array([epoch]), np.array([i]))
+        files, rows, starts = self.locate(epoch, np.array([i]))
         f, first = int(files[0]), int(rows[0]) * self._files[int(files[0])][1][1] + int(starts[0])
-        window = self.memmap(f)[first : first + self.seq_len + 1]
+        window = self._mapped(f)[1][first]  # tokens first .. first + seq_len, a view
         return torch.from_numpy(window[:-1].astype(np.int64)), torch.from_numpy(window[1:].astype(np.int64))
 
-    def _batch_keys(self, indices: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """Epochs and indices of a batch as int64 arrays, checked all at once when they are plain ints."""
+    def _batch_keys(self, indices: Sequence[Any]) -> tuple[int | np.ndarray, np.ndarray]:
+        """Epochs (one int for all, or an int64 array) and int64 indices of a batch, checked all at once
+        when they are plain ints."""
         n = self.num_samples
         if type(indices) is _BatchKeys and indices.bound <= n:  # EpochSampler's: in range by construction
-            return np.full(len(indices.indices), indices.epoch, dtype=np.int64), indices.indices
+            return indices.epoch, indices.indices
         types = set(map(type, indices))  # type(), not isinstance(): a bool is not an index
         plain = types == {int}
         if plain or (types == {tuple} and set(map(type, itertools.chain.from_iterable(indices))) == {int}):
             with contextlib.suppress(OverflowError, ValueError):  # too large, or ragged: the slow path names it
                 keys = np.array(indices, dtype=np.int64)
-                if plain or keys.shape[1:] == (2,):
-                    epochs, index = (np.zeros_like(keys), keys) if plain else (keys[:, 0], keys[:, 1])
+                if plain:
+                    if (keys >= -n).all() and (keys < n).all():
+                        return 0, keys % n  # plain ints mean epoch 0
+                elif keys.shape[1:] == (2,):
+                    epochs, index = keys[:, 0], keys[:, 1]
                     if (epochs >= 0).all() and (index >= -n).all() and (index < n).all():
                         return epochs, index % n
         pairs = [self._split_index(index) for index in indices]  # slow path: names the bad index
         return np.array([e for e, _ in pairs], dtype=np.int64), np.array([i for _, i in pairs], dtype=np.int64)
 
     def __getitems__(self, indices: Sequence[Any]) -> _Samples:
-        """A whole batch in one pass: one slice copy per window into one compact (B, seq_len + 1) array."""
+        """A whole batch in one pass: its windows gathered by one index into one compact (B, seq_len + 1) array."""
         files, rows, starts = self.locate(*self._batch_keys(indices))
-        row_len = self._layout_tables()[0]
-        firsts = (rows * (int(row_len[0]) if len(row_len) == 1 else row_len[files]) + starts).tolist()
-        width = self.seq_len + 1
-        compact = np.empty((len(firsts), width), dtype=self.dtype)
         if len(self._files) == 1:
-            tokens = np.asarray(self.memmap(0))  # a plain ndarray view: slicing it skips np.memmap's Python hooks
-            for b, first in enumerate(firsts):
-                compact[b] = tokens[first : first + width]
-        else:  # grouped by file, so one map at a time is in use however many files a batch touches
-            files_of, current = files.tolist(), -1
-            for b in np.argsort(files, kind="stable").tolist():
-                if files_of[b] != current:
-                    current = files_of[b]
-                    tokens = np.asarray(self.memmap(current))
-                compact[b] = tokens[firsts[b] : firsts[b] + width]
+            (rows_in_file, row_len), windows = self._files[0][1], self._mapped(0)[1]
+            firsts = starts if rows_in_file == 1 else rows * row_len + starts
+            return _Samples(torch.from_numpy(windows[firsts]))  # row b of the batch: tokens firsts[b] .. + seq_len
+        firsts = rows * self._layout_tables()[0][files] + starts
+        compact = np.empty((len(firsts), self.seq_len + 1), dtype=self.dtype)
+        order = np.argsort(files, kind="stable")  # file by file: one map in use at a time, however many files
+        bounds = np.flatnonzero(np.diff(files[order])) + 1
+        for group in np.split(order, bounds):
+            compact[group] = self._mapped(int(files[group[0]]))[1][firsts[group]]
         return _Samples(torch.from_numpy(compact))
 
 
+class _Window(tuple):
+    """One (x, y) sample of a batch from __getitems__. torch's default_collate, meeting one, hands the
+    whole batch to collate_windows (registered for this type below) instead of stacking B samples."""
+
+    __slots__ = ()
+
+
 class _Samples(Sequence):
-    """What __getitems__ returns: the (x_i, y_i) samples a DataLoader's default collate expects,
-    widened only if someone reads them; collate_windows takes the compact windows instead."""
+    """What __getitems__ returns: a batch's compact windows, which read as B (x_i, y_i) samples when a
+    collate function asks for them (widened only then); collate_windows takes the windows whole."""
 
     def __init__(self, windows: torch.Tensor) -> None:
         self.windows = windows
-        self._samples: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._samples: list[_Window] | None = None
 
-    def _rows(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _rows(self) -> list[_Window]:
         if self._samples is None:
             x, y = _widen(self.windows)
-            self._samples = list(zip(x.unbind(), y.unbind()))
+            self._samples = [_Window(pair) for pair in zip(x.unbind(), y.unbind())]
         return self._samples
 
     def __len__(self) -> int:
         return len(self.windows)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> _Window:
+        if self._samples is None and isinstance(i, int):  # one sample: default_collate looks at the first
+            x, y = _widen(self.windows[i].unsqueeze(0))
+            return _Window((x[0], y[0]))
         return self._rows()[i]
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[_Window]:
         return iter(self._rows())
 
 
-class TokenBatch:
+class TokenBatch(Sequence):
     """A batch of windows as the file stores them: one (B, seq_len + 1) uint16 or uint32 tensor.
 
-    `x, y = batch` gives int64 x and y on the CPU; to_device(batch, device) copies the compact ids
-    (a quarter of the bytes of int64 for uint16) and widens them on the device.
+    It reads as the pair a DataLoader usually yields: `x, y = batch` (or batch[0], batch[1]) gives
+    int64 x and y on the CPU, widened once, on first use. to_device(batch, device) copies the compact
+    ids instead (a quarter of the bytes of int64 for uint16) and widens them on the device.
     """
 
     def __init__(self, windows: torch.Tensor) -> None:
         self.windows = windows
+        self._pair: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def pin_memory(self) -> TokenBatch:
         return TokenBatch(self.windows.pin_memory())
 
+    def _widened(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._pair is None:
+            self._pair = _widen(self.windows)
+        return self._pair
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self._widened()[i]
+
     def __iter__(self) -> Iterator[torch.Tensor]:
-        return iter(_widen(self.windows))
+        return iter(self._widened())
+
+    def __repr__(self) -> str:
+        return f"TokenBatch(windows of shape {tuple(self.windows.shape)}, {self.windows.dtype})"
 
 
 def _widen(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -729,11 +769,18 @@ def _widen_on_device(windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return pair[0], pair[1]
 
 
-def collate_windows(batch: list) -> Any:
-    """Collate for NpyTokensDataset: wraps the windows its __getitems__ gathered, copying nothing."""
+def collate_windows(batch: Sequence[Any], *, collate_fn_map: Any = None) -> Any:
+    """Collate for NpyTokensDataset: wraps the windows its __getitems__ gathered, copying nothing.
+
+    torch's default_collate calls it too, for the samples of such a batch, so a plain
+    DataLoader(dataset, batch_size=B) also yields the compact TokenBatch; anything else is collated
+    as default_collate does (collate_fn_map is the keyword torch passes; it is not used)."""
     if isinstance(batch, _Samples):
         return TokenBatch(batch.windows)
-    return default_collate(batch)
+    return default_collate([tuple(s) if type(s) is _Window else s for s in batch])
+
+
+default_collate_fn_map[_Window] = collate_windows  # the way torch documents to extend default_collate
 
 
 class _BatchKeys(Sequence):

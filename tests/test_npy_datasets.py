@@ -147,6 +147,30 @@ def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
     assert torch.equal(y[:, :-1], x[:, 1:])
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_plain_dataloader_yields_compact_batches_equal_to_the_item_path(arange_file, workers):
+    ds = nd.NpyTokensDataset(arange_file(3000, dtype=np.uint16), 31, mode="random", num_samples=40, seed=2)
+    plain = list(DataLoader(ds, batch_size=8, num_workers=workers))  # default_collate, as copied code writes it
+    assert all(isinstance(b, nd.TokenBatch) and b.windows.dtype == torch.uint16 for b in plain)
+    items = list(DataLoader(ds, batch_size=8, collate_fn=lambda samples: torch.utils.data.default_collate(list(samples))))
+    per_item = [torch.utils.data.default_collate([ds[i] for i in range(k, k + 8)]) for k in range(0, 40, 8)]
+    for batch, listed, reference in zip(plain, items, per_item):
+        x, y = batch
+        assert len(batch) == 2 and batch[0] is x and batch[1] is y  # widened once, read like [x, y]
+        assert isinstance(listed, list) and all(torch.equal(a, b) for a, b in zip(listed, reference))
+        assert torch.equal(x, reference[0]) and torch.equal(y, reference[1]) and x.dtype == torch.int64
+
+
+def test_samples_read_one_by_one_are_the_items(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(3000), 31)
+    samples = ds.__getitems__([4, 0, 7])
+    first = samples[0]  # alone, before the batch is widened
+    assert all(torch.equal(a, b) for a, b in zip(first, ds[4]))
+    for (x, y), i in zip(samples, [4, 0, 7]):  # what a custom collate function that loops over samples sees
+        assert torch.equal(x, ds[i][0]) and torch.equal(y, ds[i][1])
+    assert repr(nd.collate_windows(samples)) == "TokenBatch(windows of shape (3, 32), torch.uint32)"
+
+
 def test_index_types(arange_file):
     ds = nd.NpyTokensDataset(arange_file(100), 9)
     assert ds[np.int64(3)][0][0].item() == 27
