@@ -25,35 +25,53 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_notebooks import MODULES, NOTEBOOKS, ROOT, definitions  # noqa: E402
+from test_notebooks import MODULES, NOTEBOOKS, ROOT, definitions, taught_definitions  # noqa: E402
+
+
+def _first_line(node: ast.AST) -> int:
+    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+
+
+def _methods(node: ast.ClassDef) -> list[ast.AST]:
+    return [item for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _header_lines(node: ast.ClassDef, lines: list[str]) -> tuple[int, int]:
+    """First and last line of a class statement's own part: up to its first method, blank lines trimmed."""
+    methods = _methods(node)
+    last = _first_line(methods[0]) - 1 if methods else node.end_lineno
+    while last > node.lineno and not lines[last - 1].strip():
+        last -= 1
+    return _first_line(node), last
 
 
 def _segments(tree: ast.Module, lines: list[str]) -> dict[str, str]:
-    """Qualified name -> source text (decorators included, dedented) of each definition."""
+    """Qualified name -> source text (decorators included, dedented) of each definition; a class
+    name maps to its own part (header, docstring, attributes), "Class.method" to each method."""
     out: dict[str, str] = {}
 
-    def text(node: ast.AST) -> str:
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        return textwrap.dedent("".join(lines[first - 1 : node.end_lineno]))
+    def text(first: int, last: int) -> str:
+        return textwrap.dedent("".join(lines[first - 1 : last]))
 
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out[node.name] = text(node)
+            out[node.name] = text(_first_line(node), node.end_lineno)
         elif isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    out[f"{node.name}.{item.name}"] = text(item)
+            out[node.name] = text(*_header_lines(node, lines))
+            for item in _methods(node):
+                out[f"{node.name}.{item.name}"] = text(_first_line(item), item.end_lineno)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(t, ast.Name) and t.id.isupper():
-                    out[t.id] = text(node)
+                    out[t.id] = text(_first_line(node), node.end_lineno)
     return out
 
 
-def module_sources() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Per qualified name: the modules' dumped ASTs and their source texts."""
+def module_sources() -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, list[str]]]:
+    """Per qualified name: the modules' dumped ASTs and their source texts; per class, its methods in order."""
     dumps: dict[str, list[str]] = {}
     texts: dict[str, list[str]] = {}
+    methods: dict[str, list[str]] = {}
     for path in MODULES.values():
         source = path.read_text(encoding="utf-8")
         lines = source.splitlines(keepends=True)
@@ -61,11 +79,23 @@ def module_sources() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
             dumps.setdefault(name, []).append(dump)
         for name, text in _segments(ast.parse(source), lines).items():
             texts.setdefault(name, []).append(text)
-    return dumps, texts
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ClassDef):
+                methods[node.name] = [item.name for item in _methods(node)]
+    return dumps, texts, methods
 
 
-def sync_cell(source: str, dumps: dict[str, list[str]], texts: dict[str, list[str]]) -> tuple[str, list[str]]:
-    """The cell's source with drifted definitions replaced, and the names replaced."""
+def sync_cell(
+    source: str,
+    dumps: dict[str, list[str]],
+    texts: dict[str, list[str]],
+    methods: dict[str, list[str]] | None = None,
+    taught: set[str] | None = None,
+) -> tuple[str, list[str]]:
+    """The cell's source with drifted definitions replaced, and the names replaced or added.
+
+    A class taught in this cell also gets its own part (header, docstring) replaced when that drifted,
+    and gains the module's methods that no notebook teaches yet, each after the method before it."""
     parsable = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
     try:
         tree = ast.parse(parsable)
@@ -91,14 +121,36 @@ def sync_cell(source: str, dumps: dict[str, list[str]], texts: dict[str, list[st
                     candidates.append((t.id, node))
     lines = source.splitlines(keepends=True)
     edits = []
+
+    def indented(name: str, col: int) -> str:
+        return textwrap.indent(texts[name][0], " " * col, lambda line: line.strip() != "")
+
+    def replacing(first: int, last: int, text: str) -> str:  # keep the cell's ending: no newline after its last line
+        return text if lines[last - 1].endswith("\n") else text.rstrip("\n")
+
     for name, node in candidates:
         if name not in dumps or mine.get(name) in dumps[name]:
             continue
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        indent = " " * node.col_offset
-        new = textwrap.indent(texts[name][0], indent, lambda line: line.strip() != "")
-        edits.append((first, node.end_lineno, new, name))
-    for first, last, new, _ in sorted(edits, reverse=True):
+        first, last = _first_line(node), node.end_lineno
+        edits.append((first, last, replacing(first, last, indented(name, node.col_offset)), name))
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or node.name not in dumps:
+            continue
+        if mine.get(node.name) not in dumps[node.name]:
+            first, last = _header_lines(node, lines)
+            edits.append((first, last, replacing(first, last, indented(node.name, node.col_offset)), node.name))
+        here = {item.name: item for item in _methods(node)}
+        col = next(iter(here.values())).col_offset if here else node.col_offset + 4
+        for k, method in enumerate((methods or {}).get(node.name, [])):
+            name = f"{node.name}.{method}"
+            if method in here or name in (taught or set()):
+                continue
+            before = [here[m] for m in (methods or {})[node.name][:k] if m in here]
+            after = before[-1].end_lineno if before else _header_lines(node, lines)[1]
+            newline = "" if lines[after - 1].endswith("\n") else "\n"
+            edits.append((after + 1, after, newline + "\n" + indented(name, col), name))
+    # from the end, so line numbers stay valid; methods inserted at one place go in module order
+    for _, (first, last, new, _) in sorted(enumerate(edits), key=lambda e: (e[1][0], e[1][1], e[0]), reverse=True):
         lines[first - 1 : last] = [new]
     text = "".join(lines)
     return (text if source.endswith("\n") else text.rstrip("\n")), [name for *_, name in edits]
@@ -119,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--execute", action="store_true", help="re-execute the notebooks after syncing")
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to sync (default: all)")
     args = parser.parse_args(argv)
-    dumps, texts = module_sources()
+    dumps, texts, methods = module_sources()
+    taught = set(taught_definitions())
     drifted = False
     for path in args.notebooks or NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
@@ -127,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         for cell in nb.cells:
             if cell.cell_type != "code":
                 continue
-            new, names = sync_cell(cell.source, dumps, texts)
+            new, names = sync_cell(cell.source, dumps, texts, methods, taught)
             if names:
                 cell.source = new
                 changed += names
