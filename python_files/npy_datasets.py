@@ -719,8 +719,9 @@ class TokenBatch(Sequence):
     """A batch of windows as the file stores them: one (B, seq_len + 1) uint16 or uint32 tensor.
 
     It reads as the pair a DataLoader usually yields: `x, y = batch` (or batch[0], batch[1]) gives
-    int64 x and y on the CPU, widened once, on first use. to_device(batch, device) copies the compact
-    ids instead (a quarter of the bytes of int64 for uint16) and widens them on the device.
+    int64 x and y, widened once, on first use, on the device the windows are on. to_device(batch,
+    device) and batch.to(device) (which frameworks such as Lightning and Accelerate call) copy the
+    compact ids instead: a quarter of the bytes of int64 for uint16, widened on the device.
     """
 
     def __init__(self, windows: torch.Tensor) -> None:
@@ -729,6 +730,9 @@ class TokenBatch(Sequence):
 
     def pin_memory(self) -> TokenBatch:
         return TokenBatch(self.windows.pin_memory())
+
+    def to(self, device: str | torch.device, non_blocking: bool = False) -> TokenBatch:
+        return TokenBatch(self.windows.to(device, non_blocking=non_blocking))
 
     def _widened(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._pair is None:

@@ -138,6 +138,9 @@ def test_compact_batches_widen_exactly_on_any_path(tmp_path, dtype):
     assert x[0, 0].item() == top and x.dtype == torch.int64 and torch.equal(y[:, :-1], x[:, 1:])
     assert all(torch.equal(a, b) for a, b in zip(nd.to_device(batch, "cpu"), (x, y)))
     assert all(torch.equal(a, b) for a, b in zip(nd._widen_on_device(batch.windows), (x, y)))
+    moved = batch.to("cpu")  # what Lightning's and Accelerate's batch movers call: the compact ids move
+    assert isinstance(moved, nd.TokenBatch) and moved.windows.dtype == batch.windows.dtype
+    assert all(torch.equal(a, b) for a, b in zip(moved, (x, y)))
 
 
 def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
@@ -264,6 +267,8 @@ def test_pinned_batches_reach_the_gpu(arange_file):
     xg, yg = nd.to_device(batch, "cuda")
     x, y = batch
     assert xg.is_cuda and torch.equal(yg[:, :-1].cpu(), x[:, 1:])
+    xm, ym = batch.to("cuda", non_blocking=True)  # moved compact, widened on the GPU when unpacked
+    assert xm.is_cuda and xm.dtype == torch.int64 and torch.equal(xm.cpu(), x) and torch.equal(ym.cpu(), y)
 
 
 # --- bad input --------------------------------------------------------------------------------
