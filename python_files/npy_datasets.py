@@ -343,11 +343,13 @@ def open_tokens(
     elif verify:
         raise TokenFileError(f"verify=True needs the sidecar {str(sidecar_path(path))!r}, which is missing")
     if vocab_size is not None:
+        vocab_size = _check_int("vocab_size", vocab_size, 1)
         top = meta["max_token_id"] if meta is not None else int(np.iinfo(dt).max)
         if meta is None or top >= vocab_size:
             raise TokenFileError(
                 f"{str(path)!r}: ids up to {top} may not fit vocab_size={vocab_size}"
-                + ("" if meta else " (no sidecar records the largest id)")
+                + ("" if meta else " (no sidecar records the largest id: leave out vocab_size, or write the "
+                   "file with the prep step, whose sidecar does)")
             )
     return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=shape)
 
@@ -402,7 +404,7 @@ def _expand_paths(path: Any) -> list[str]:
         if any(ch in text for ch in "*?[") and not os.path.exists(text):
             found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))  # skip the sidecars
             if not found:
-                raise FileNotFoundError(f"no token file matches the pattern {text!r}")
+                raise FileNotFoundError(f"no token file matches the pattern {text!r} (sidecars, *.json, are skipped)")
             return found
         return [text]
     if isinstance(path, (list, tuple)) and path:
@@ -437,7 +439,7 @@ class NpyTokensDataset(Dataset):
 
     mode="windows": window i is tokens[i*seq_len : i*seq_len + seq_len + 1], x its first seq_len
     tokens and y its last seq_len; there are (N - 1) // seq_len windows, and the last
-    N - 1 - windows*seq_len tokens are never an x (file_summary() counts them). With
+    N - 1 - windows*seq_len tokens are neither an x nor a y (file_summary() counts them). With
     epoch_offset=True every window of an epoch moves right by one offset in [0, seq_len) drawn from
     (seed, epoch), and there are (N - seq_len) // seq_len windows. mode="random": num_samples
     windows (default: as many as mode "windows"), each starting anywhere in [0, N - seq_len - 1] of
@@ -585,8 +587,10 @@ class NpyTokensDataset(Dataset):
             if len(index) != 2:
                 raise TypeError(f"an index is an int or an (epoch, index) pair, got {index!r}")
             epoch, index = index
-            if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-                raise TypeError(f"epoch must be an int >= 0, got {epoch!r}")
+            if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
+                raise TypeError(f"epoch must be an int >= 0, got {type(epoch).__name__} {epoch!r}")
+            if epoch < 0:
+                raise ValueError(f"epoch must be an int >= 0, got {epoch}")
         if isinstance(index, (bool, np.bool_)):
             raise TypeError(f"index must be an int, got {index!r}")
         try:
@@ -867,6 +871,12 @@ class EpochSampler(Sampler):
                 f"{self.num_samples} windows for world_size={self.world_size}: with remainder=\"drop\" no rank "
                 "would get one; use remainder=\"pad\", fewer ranks or a shorter seq_len"
             )
+        if len(self) == 0:  # drop_last with a share smaller than one batch: an epoch would train on nothing
+            raise ValueError(
+                f"batch_size={self.batch_size} with drop_last=True leaves no batch: each of the {self.world_size} "
+                f"rank(s) gets {self._rank_items(0)} of the {self.num_samples} windows; use a smaller batch_size, "
+                "fewer ranks, a shorter seq_len or drop_last=False"
+            )
         self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
         self.epoch = 0
         self._start = 0  # where in the epoch's order the next iteration begins (set by load_state_dict)
@@ -1081,6 +1091,9 @@ def make_dataloaders(
     so every rank runs the same number of steps; with torch.distributed initialised, the ranks first
     check that they see the same files and settings.
     """
+    for name, ds in (("train", train), ("val", val)):
+        if not isinstance(ds, NpyTokensDataset):
+            raise TypeError(f"{name} must be an NpyTokensDataset, got {type(ds).__name__}")
     batch_size = _check_int("batch_size", batch_size, 1)
     workers = default_num_workers() if num_workers is None else _check_int("num_workers", num_workers, 0)
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)

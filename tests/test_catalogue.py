@@ -864,8 +864,14 @@ def test_item_33_vocab_size(tmp_path):
     assert len(nd.NpyTokensDataset(path, 9, vocab_size=50_257)) == 111
     refused(path, TOKEN_FILE_ERROR, "ids up to 50256 may not fit vocab_size=50000", vocab_size=50_000)
     bare = write_tokens(tmp_path / "bare.npy", np.arange(1000, dtype=np.uint16), sidecar=False)
-    refused(bare, TOKEN_FILE_ERROR, "ids up to 65535 may not fit vocab_size=50257", "(no sidecar records the largest id)",
-            vocab_size=50_257)  # fmt: skip
+    refused(bare, TOKEN_FILE_ERROR, "ids up to 65535 may not fit vocab_size=50257",
+            "(no sidecar records the largest id: leave out vocab_size", vocab_size=50_257)  # fmt: skip
+    for bad, error, message in [("50257", TypeError, "vocab_size must be an int, got str '50257'"),
+                                (50_257.0, TypeError, "vocab_size must be an int, got float 50257.0"),
+                                (True, TypeError, "vocab_size must be an int, got bool True"),
+                                (0, ValueError, "vocab_size must be at least 1, got 0")]:  # fmt: skip
+        with pytest.raises(error, match=re.escape(message)):
+            nd.NpyTokensDataset(path, 9, vocab_size=bad)
 
 
 def test_item_35_hostile_text(tmp_path, pt):
@@ -1089,7 +1095,7 @@ def test_item_54_a_file_being_written_is_never_read(tmp_path, pt):
 
     pt.write_token_file(chunks(np.arange(100)), path)
     assert seen == [f"token file {str(path)!r} does not exist",
-                    f"no token file matches the pattern {str(tmp_path / 'train_*.npy')!r}"]  # fmt: skip
+                    f"no token file matches the pattern {str(tmp_path / 'train_*.npy')!r} (sidecars, *.json, are skipped)"]  # fmt: skip
     write_tokens(path, np.arange(100, dtype=np.uint16))  # a finished file with its sidecar
     early = []
 
@@ -1116,7 +1122,11 @@ def test_item_55_fewer_windows_than_ranks_and_equal_steps(arange_file):
     for n in range(1, 25):  # every rank takes the same number of steps, whatever n, W, B and the options
         for world in range(1, 9):
             for batch_size, drop_last, remainder in itertools.product((1, 2, 5), (False, True), REMAINDERS):
-                if remainder == "drop" and n < world:
+                share = n // world if remainder == "drop" else -(-n // world)
+                if remainder == "drop" and n < world or drop_last and share < batch_size:
+                    with pytest.raises(ValueError, match="no rank would get one|leaves no batch"):
+                        nd.EpochSampler(range(n), world_size=world, rank=0, batch_size=batch_size,
+                                        drop_last=drop_last, remainder=remainder)  # fmt: skip
                     continue
                 ranks = [nd.EpochSampler(range(n), world_size=world, rank=r, batch_size=batch_size,
                                          drop_last=drop_last, remainder=remainder) for r in range(world)]  # fmt: skip

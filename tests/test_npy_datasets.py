@@ -119,7 +119,7 @@ def test_batched_gather_equals_item_by_item(arange_file):
 
 def test_a_batch_of_bad_indices_names_the_bad_one(arange_file):
     ds = nd.NpyTokensDataset(arange_file(100), 9)
-    for bad, err in [([0, len(ds)], IndexError), ([(0, 1), (-1, 2)], TypeError), ([1.5, 2], TypeError),
+    for bad, err in [([0, len(ds)], IndexError), ([(0, 1), (-1, 2)], ValueError), ([1.5, 2], TypeError),
                      ([True, 1], TypeError), ([(0, 1, 2)], TypeError), ([2**70], IndexError)]:  # fmt: skip
         with pytest.raises(err):
             ds.__getitems__(bad)
@@ -180,7 +180,7 @@ def test_index_types(arange_file):
     assert ds[torch.tensor(3)][0][0].item() == 27
     assert ds[-1][0][0].item() == ds[len(ds) - 1][0][0].item()
     for bad, err in [(len(ds), IndexError), (-len(ds) - 1, IndexError), (1.0, TypeError), (slice(0, 2), TypeError),
-                     (True, TypeError), ((0, 1, 2), TypeError), ((-1, 0), TypeError)]:  # fmt: skip
+                     (True, TypeError), ((0, 1, 2), TypeError), ((-1, 0), ValueError)]:  # fmt: skip
         with pytest.raises(err):
             ds[bad]
 
@@ -242,8 +242,13 @@ def test_make_dataloaders(arange_file):
     val_starts = [v for x, _ in val_loader for v in x[:, 0].tolist()]
     assert val_starts == [10 * i for i in range(len(val))]  # in order, last short batch kept
     assert train_loader.pin_memory == torch.cuda.is_available()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="batch_size must be at least 1, got 0"):
         nd.make_dataloaders(train, val, batch_size=0)
+    with pytest.raises(ValueError, match=r"batch_size=100 with drop_last=True leaves no batch: each of the 1 rank\(s\) "
+                                         "gets 99 of the 99 windows"):
+        nd.make_dataloaders(train, val, batch_size=100)  # training would be silently empty
+    with pytest.raises(TypeError, match="train must be an NpyTokensDataset, got list"):
+        nd.make_dataloaders([1, 2, 3], val, batch_size=4)
 
 
 def test_default_num_workers_is_sized_to_the_machine():

@@ -263,6 +263,13 @@ def test_ranks_split_each_epoch_disjoint_and_complete(shuffle, remainder, batchi
                 with pytest.raises(ValueError, match=f'{n} windows for world_size={world}: with remainder="drop"'):
                     nd.EpochSampler(range(n), world_size=world, rank=0, remainder=remainder)
                 continue
+            share = -(-n // world) if remainder == "pad" else n // world
+            if drop_last and share < batch_size:  # not one whole batch per rank: refused, not an empty epoch
+                with pytest.raises(ValueError, match=f"batch_size={batch_size} with drop_last=True leaves no batch: "
+                                                     f"each of the {world} rank\\(s\\) gets {share} of the {n} windows"):
+                    nd.EpochSampler(range(n), batch_size=batch_size, drop_last=True, world_size=world, rank=0,
+                                    remainder=remainder)  # fmt: skip
+                continue
             ranks = [nd.EpochSampler(range(n), shuffle=shuffle, seed=11, batch_size=batch_size, drop_last=drop_last,
                                      world_size=world, rank=r, remainder=remainder) for r in range(world)]  # fmt: skip
             for epoch in range(2):
