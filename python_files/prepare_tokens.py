@@ -370,13 +370,21 @@ def load_text_splits(
 # Tokenizing: chunks of documents on a thread pool, results always in input order.
 
 
+def _encode_ordinary_array(enc: tiktoken.Encoding, text: str) -> np.ndarray:
+    """encode_ordinary's ids as a uint32 array, made in Rust without a Python list of ints."""
+    try:
+        return enc.encode_to_numpy(text, disallowed_special=())  # nothing allowed, nothing refused: = encode_ordinary
+    except UnicodeEncodeError:  # a lone surrogate: encode_ordinary replaces it with U+FFFD (tiktoken's own fix)
+        return np.array(enc.encode_ordinary(text), dtype=np.uint32)
+
+
 def _encode_chunk(enc: tiktoken.Encoding, texts: list[str]) -> np.ndarray:
-    """[EOT, *ids] for each text, concatenated; encode_ordinary never emits special tokens."""
-    ids: list[int] = []
+    """[EOT, *ids] for each text, concatenated into one uint32 array; no special token is ever emitted."""
+    eot = np.array([enc.eot_token], dtype=np.uint32)
+    parts = []
     for text in texts:
-        ids.append(enc.eot_token)
-        ids.extend(enc.encode_ordinary(text))
-    return np.array(ids, dtype=np.int64)
+        parts += (eot, _encode_ordinary_array(enc, text))
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
 
 
 def _tokenize_in_order(
@@ -398,7 +406,7 @@ def _tokenize_in_order(
 def tokenize_documents(
     texts: Iterable[str], enc: tiktoken.Encoding, *, num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS
 ) -> Iterator[np.ndarray]:
-    """Yield one int64 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids]."""
+    """Yield one uint32 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids]."""
     num_threads = _check_num_threads(num_threads)  # checked now, not at the first next()
     chunk_docs = _check_positive_int("chunk_docs", chunk_docs)
     return _tokenize_in_order(iter(texts), enc, num_threads, chunk_docs)
