@@ -305,9 +305,11 @@ def _load_local(path: Path) -> tuple[dict[str, datasets.Dataset], dict[str, str]
         builder = datasets.load_dataset_builder(builder_name, data_files={CARVE_SOURCE: str(path)})
     else:
         builder = datasets.load_dataset_builder(str(path))  # datasets finds the files and their splits
-    builder.download_and_prepare()
     files = {str(split): list(paths) for split, paths in builder.config.data_files.items()}
-    return dict(builder.as_dataset()), {split: f"sha256:{_sha256_files(paths)}" for split, paths in files.items()}
+    with ThreadPoolExecutor(1, thread_name_prefix="sha256") as pool:  # hash the input files while datasets converts them
+        identities = pool.submit(lambda: {split: f"sha256:{_sha256_files(paths)}" for split, paths in files.items()})
+        builder.download_and_prepare()
+    return dict(builder.as_dataset()), identities.result()
 
 
 def _check_text_column(documents: datasets.Dataset, column: str, where: str) -> None:
