@@ -60,8 +60,10 @@ if _TIKTOKEN_CACHE.is_dir():  # committed GPT-2 files: tiktoken.get_encoding("gp
 import datasets  # noqa: E402
 import huggingface_hub.constants  # noqa: E402
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import tiktoken  # noqa: E402
+from datasets.table import ConcatenationTable, MemoryMappedTable  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # npy_datasets.py sits beside this file
@@ -303,9 +305,11 @@ def _load_local(path: Path) -> tuple[dict[str, datasets.Dataset], dict[str, str]
         builder = datasets.load_dataset_builder(builder_name, data_files={CARVE_SOURCE: str(path)})
     else:
         builder = datasets.load_dataset_builder(str(path))  # datasets finds the files and their splits
-    builder.download_and_prepare()
     files = {str(split): list(paths) for split, paths in builder.config.data_files.items()}
-    return dict(builder.as_dataset()), {split: f"sha256:{_sha256_files(paths)}" for split, paths in files.items()}
+    with ThreadPoolExecutor(1, thread_name_prefix="sha256") as pool:  # hash the input files while datasets converts them
+        identities = pool.submit(lambda: {split: f"sha256:{_sha256_files(paths)}" for split, paths in files.items()})
+        builder.download_and_prepare()
+    return dict(builder.as_dataset()), identities.result()
 
 
 def _check_text_column(documents: datasets.Dataset, column: str, where: str) -> None:
@@ -366,17 +370,75 @@ def load_text_splits(
     return result
 
 
+def _arrow_files(documents: datasets.Dataset) -> list[tuple[str, int]] | None:
+    """(path, rows) of the Arrow files that hold documents' table unchanged, in order; None if it is anything else.
+
+    None for a table in memory, one with columns joined side by side, and one with a recorded change
+    other than its schema metadata (a slice, a rename, a cast): their rows are not the files' rows.
+    """
+    table = documents.data
+    blocks = table.blocks if isinstance(table, ConcatenationTable) else [[table]]
+    files = []
+    for row in blocks:
+        if len(row) != 1 or not isinstance(row[0], MemoryMappedTable):
+            return None
+        if any(replay[0] != "replace_schema_metadata" for replay in row[0].replays):
+            return None
+        files.append((row[0].path, row[0].num_rows))
+    return files
+
+
+def _iter_texts(documents: datasets.Dataset, column: str, batch_size: int = CHUNK_DOCS) -> Iterator[str]:
+    """Every document's text, in order, read so that memory does not grow with the corpus.
+
+    Iterating a Dataset reads its Arrow files through a memory map, and every page read stays
+    resident: the process grows by the size of the corpus. When documents is its files as written
+    (or a sorted selection of their rows, as carve_validation makes), the files are read as a stream
+    instead, one record batch at a time. Anything else (in memory, sliced, shuffled) goes through the Dataset.
+    """
+    files = _arrow_files(documents)
+    indices = getattr(documents, "_indices", None)  # the rows a select() kept, None for all of them
+    rows = None if files is None or indices is None else indices.column(0).to_numpy()
+    if files is None or (rows is not None and np.any(rows[1:] <= rows[:-1])):
+        for batch in documents.select_columns([column]).iter(batch_size=batch_size):
+            yield from batch[column]
+        return
+    first = 0  # index of the next record batch's first row, counted over all files
+    for path, n_rows in files:
+        begin = first
+        with pa.OSFile(path) as f:  # read(), not a memory map: a batch's memory is freed once its texts are out
+            for batch in pa.ipc.open_stream(f):
+                texts = batch.column(column)
+                if rows is not None:  # only this batch's selected rows, in order
+                    lo, hi = np.searchsorted(rows, [first, first + batch.num_rows])
+                    texts = texts.take(pa.array(rows[lo:hi] - first))
+                first += batch.num_rows
+                yield from texts.to_pylist()
+        if first - begin != n_rows:
+            raise RuntimeError(f"{path} holds {first - begin} rows, the dataset {n_rows}; did the file change?")
+    if rows is not None and len(rows) and rows[-1] >= first:
+        raise RuntimeError(f"row {rows[-1]} was selected, but the dataset's files hold {first} rows")
+
+
 # ---------------------------------------------------------------------------------------------
 # Tokenizing: chunks of documents on a thread pool, results always in input order.
 
 
+def _encode_ordinary_array(enc: tiktoken.Encoding, text: str) -> np.ndarray:
+    """encode_ordinary's ids as a uint32 array, made in Rust without a Python list of ints."""
+    try:
+        return enc.encode_to_numpy(text, disallowed_special=())  # nothing allowed, nothing refused: = encode_ordinary
+    except UnicodeEncodeError:  # a lone surrogate: encode_ordinary replaces it with U+FFFD (tiktoken's own fix)
+        return np.array(enc.encode_ordinary(text), dtype=np.uint32)
+
+
 def _encode_chunk(enc: tiktoken.Encoding, texts: list[str]) -> np.ndarray:
-    """[EOT, *ids] for each text, concatenated; encode_ordinary never emits special tokens."""
-    ids: list[int] = []
+    """[EOT, *ids] for each text, concatenated into one uint32 array; no special token is ever emitted."""
+    eot = np.array([enc.eot_token], dtype=np.uint32)
+    parts = []
     for text in texts:
-        ids.append(enc.eot_token)
-        ids.extend(enc.encode_ordinary(text))
-    return np.array(ids, dtype=np.int64)
+        parts += (eot, _encode_ordinary_array(enc, text))
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
 
 
 def _tokenize_in_order(
@@ -398,7 +460,7 @@ def _tokenize_in_order(
 def tokenize_documents(
     texts: Iterable[str], enc: tiktoken.Encoding, *, num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS
 ) -> Iterator[np.ndarray]:
-    """Yield one int64 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids]."""
+    """Yield one uint32 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids]."""
     num_threads = _check_num_threads(num_threads)  # checked now, not at the first next()
     chunk_docs = _check_positive_int("chunk_docs", chunk_docs)
     return _tokenize_in_order(iter(texts), enc, num_threads, chunk_docs)
@@ -617,8 +679,7 @@ def prepare_split(
         return PreparedSplit(split.name, path, meta, written=False)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    texts = (text for batch in split.documents.select_columns([split.column]).iter(batch_size=chunk_docs)
-             for text in batch[split.column])  # fmt: skip
+    texts = _iter_texts(split.documents, split.column, chunk_docs)
     chunks = tokenize_documents(texts, enc, num_threads=num_threads, chunk_docs=chunk_docs)
     bar = tqdm(total=len(split.documents), desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
     with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails

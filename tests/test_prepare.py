@@ -131,6 +131,22 @@ def test_tokenize_documents_yields_ordered_chunks(enc):
     np.testing.assert_array_equal(np.concatenate(chunks), reference_tokens(MANY, enc))
 
 
+def test_texts_are_streamed_from_the_arrow_files_in_dataset_order(tmp_path, monkeypatch):
+    whole = pt.load_text_splits(make_dataset(tmp_path / "in", MANY, MANY[:3]))["train"].documents
+    carved = pt.load_text_splits(make_dataset(tmp_path / "in2", MANY), val_fraction=0.25)  # sorted, scattered rows
+    streamed = {"whole": whole, "carved train": carved["train"].documents, "carved validation": carved["validation"].documents}
+    through_dataset = {"shuffled": whole.shuffle(seed=0), "sliced": whole.select(range(5, 50)),
+                       "in memory": datasets.Dataset.from_dict({"text": MANY}), "repeated rows": whole.select([3, 3, 1])}  # fmt: skip
+    for name, docs in {**streamed, **through_dataset}.items():
+        expected = list(docs["text"])
+        iterated = []  # the Dataset's own iteration starts with select_columns
+        monkeypatch.setattr(type(docs), "select_columns", lambda self, *a, **k: iterated.append(1) or self)
+        assert list(pt._iter_texts(docs, "text", 7)) == expected, name
+        monkeypatch.undo()
+        assert bool(iterated) == (name in through_dataset), f"{name}: read the wrong way"
+    assert (len(whole), len(carved["train"].documents), len(carved["validation"].documents)) == (60, 45, 15)
+
+
 def test_bytes_do_not_depend_on_threads_or_chunk_size(tmp_path):
     data = make_dataset(tmp_path / "in", MANY, MANY[:9])
     seen = set()
