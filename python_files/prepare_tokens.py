@@ -6,6 +6,9 @@
 Output, per split: <out>/<split>.npy, a real .npy file (np.load and np.load(mmap_mode="r") read it),
 or with --format bin a raw headerless <split>.bin (nanoGPT's layout); then <out>/<split>.npy.json
 (or <split>.bin.json), the sidecar that describes it. npy_datasets.open_tokens reads both.
+With --shard-tokens N a split becomes shards of exactly N tokens each, the last holding the rest:
+<split>_000000.npy, <split>_000001.npy, ..., each with its own sidecar; a document may continue from
+one shard into the next (as in llm.c's shards). NpyTokensDataset("<out>/<split>_*.npy", ...) reads them.
 
 Every document is written as [EOT, *tokens]: one end-of-text token (50256 for GPT-2) BEFORE each
 document, so the file starts with 50256 and n_docs == number of EOTs. The text is encoded with
@@ -105,6 +108,7 @@ HUB_PROBE_TIMEOUT_S = 3.0  # seconds to wait for huggingface.co before falling b
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}  # -> builder
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # datasets decompresses these by suffix
 CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
+SHARD_DIGITS = 6  # train_000000.npy: names sort in shard order, up to 999,999 shards
 _TEMP_NAME = re.compile(r"\.(?P<target>.+)\.tmp\.(?P<pid>\d+)\.[0-9a-f]{8}")  # .train.npy.tmp.<pid>.<random>
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "owner/name" or "name", as the Hub spells them
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")  # becomes a file name: no '/', '\\', ':', NUL or leading '.'
@@ -127,16 +131,23 @@ class TextSplit:
 
 @dataclass(frozen=True)
 class PreparedSplit:
-    """One split's token file, its sidecar contents, and whether this run wrote it."""
+    """One split's token file (or shards), its sidecar contents, and whether this run wrote it.
+
+    For a sharded split, path is the glob pattern of its shards (NpyTokensDataset takes it as is),
+    shards lists them in order and meta holds the totals (n_tokens, n_docs, max_token_id, n_shards).
+    """
 
     split: str
     path: Path
     meta: dict[str, Any]
     written: bool  # False when an up-to-date file was kept
+    shards: tuple[Path, ...] = ()  # empty for one file
 
     def summary(self) -> str:
         """One line for the terminal: split, documents, tokens, dtype, path and what happened."""
         status = "written" if self.written else "up to date"
+        if self.shards:
+            status = f"{len(self.shards):,} shard{'s' if len(self.shards) != 1 else ''}, {status}"
         return (
             f"{self.split}: {self.meta['n_docs']:,} docs, {self.meta['n_tokens']:,} tokens, "
             f"{self.meta['dtype']} -> {_display_path(self.path)} ({status})"
@@ -643,6 +654,60 @@ def _up_to_date(path: Path, fingerprint: str) -> dict[str, Any] | None:
     return meta if path.stat().st_size == meta["file_size"] else None
 
 
+def shard_path(out: str | os.PathLike, split: str, index: int, layout: str = "npy") -> Path:
+    """<out>/<split>_<index, 6 digits>.<layout>: shard names sort in shard order."""
+    if not 0 <= index < 10**SHARD_DIGITS:
+        raise ValueError(f"shard index {index} needs more than {SHARD_DIGITS} digits; choose a larger shard_tokens")
+    return Path(out) / f"{split}_{index:0{SHARD_DIGITS}d}.{layout}"
+
+
+def _existing_shards(out: Path, split: str, layout: str) -> dict[int, Path]:
+    """The shard files of split in out, by index (only exact <split>_dddddd.<layout> names)."""
+    name = re.compile(rf"{re.escape(split)}_(\d{{{SHARD_DIGITS}}})\.{layout}")
+    found = {}
+    if out.is_dir():
+        for entry in out.iterdir():
+            if (match := name.fullmatch(entry.name)) is not None:
+                found[int(match[1])] = entry
+    return found
+
+
+def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[Iterator[np.ndarray]]:
+    """Cut a stream of id chunks into shards: one iterator per shard, exactly shard_tokens ids each
+    but the last, which holds the rest (never empty). Consume each shard before asking for the next."""
+    chunks = iter(chunks)
+    carry: list[np.ndarray] = []  # at most one array: ids read but not yet handed out
+
+    def pending() -> bool:
+        while not carry:
+            chunk = next(chunks, None)
+            if chunk is None:
+                return False
+            if len(chunk):
+                carry.append(chunk)
+        return True
+
+    def shard() -> Iterator[np.ndarray]:
+        need = shard_tokens
+        while need and pending():
+            chunk = carry.pop()
+            if len(chunk) > need:
+                chunk, rest = chunk[:need], chunk[need:]
+                carry.append(rest)
+            need -= len(chunk)
+            yield chunk
+
+    while pending():
+        yield shard()
+
+
+def _count_eots(chunks: Iterable[np.ndarray], eot_id: int, counter: list[int]) -> Iterator[np.ndarray]:
+    """Pass chunks through, adding their EOTs (documents starting in them) to counter[0]."""
+    for chunk in chunks:
+        counter[0] += int(np.count_nonzero(chunk == eot_id))
+        yield chunk
+
+
 def _with_progress(chunks: Iterable[np.ndarray], bar: tqdm, eot_id: int) -> Iterator[np.ndarray]:
     """Pass chunks through, advancing bar by their documents (one EOT each)."""
     for chunk in chunks:
@@ -660,12 +725,19 @@ def prepare_split(
     chunk_docs: int = CHUNK_DOCS,
     force: bool = False,
     progress: bool = True,
+    shard_tokens: int | None = None,
 ) -> PreparedSplit:
-    """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists."""
+    """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists.
+
+    With shard_tokens, into <out>/<split>_000000.<layout>, ... of shard_tokens ids each (the last: the
+    rest), each with its sidecar; shards a previous run left beyond the new last one are deleted.
+    """
     _check_layout(layout)
     _check_split_names(split.name)
     num_threads = _check_num_threads(num_threads)
     chunk_docs = _check_positive_int("chunk_docs", chunk_docs)
+    if shard_tokens is not None:
+        shard_tokens = _check_positive_int("shard_tokens", shard_tokens)
     dtype = token_dtype(enc.n_vocab)
     path = Path(out) / f"{split.name}.{layout}"
     tokenizer = f"tiktoken:{enc.name}"
@@ -674,6 +746,9 @@ def prepare_split(
         "tokenizer": tokenizer, "n_vocab": enc.n_vocab, "eot_id": enc.eot_token, "eot_placement": EOT_PLACEMENT,
         "dtype": dtype.name, "layout": layout, "format_version": FORMAT_VERSION,
     }  # fmt: skip
+    if shard_tokens is not None:
+        settings["shard_tokens"] = shard_tokens  # only when sharded: one-file fingerprints stay as they were
+        return _prepare_shards(split, Path(out), enc, settings, layout, num_threads, chunk_docs, force, progress)
     fingerprint = settings_fingerprint(settings)
     if not force and (meta := _up_to_date(path, fingerprint)) is not None:
         return PreparedSplit(split.name, path, meta, written=False)
@@ -694,6 +769,70 @@ def prepare_split(
     }  # fmt: skip
     write_sidecar(path, meta)
     return PreparedSplit(split.name, path, meta, written=True)
+
+
+def _shard_totals(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """One meta for a sharded split: the shards' common fields, with n_tokens, n_docs and max_token_id over all."""
+    per_file = ("file", "file_size", "sha256", "shape", "shard")
+    return {
+        **{key: value for key, value in metas[0].items() if key not in per_file},
+        "n_tokens": sum(m["n_tokens"] for m in metas), "n_docs": sum(m["n_docs"] for m in metas),
+        "max_token_id": max(m["max_token_id"] for m in metas), "n_shards": len(metas),
+    }  # fmt: skip
+
+
+def _shards_up_to_date(out: Path, name: str, layout: str, fingerprint: str) -> list[dict[str, Any]] | None:
+    """The sidecars of split name's shards if all of them, and no others, are up to date with fingerprint."""
+    found = _existing_shards(out, name, layout)
+    metas = [_up_to_date(found[i], fingerprint) if i in found else None for i in range(len(found))]
+    counts = [m["shard"].get("count") if m is not None and isinstance(m.get("shard"), dict) else None for m in metas]
+    if not metas or any(count != len(found) for count in counts):
+        return None
+    return metas  # type: ignore[return-value]
+
+
+def _prepare_shards(
+    split: TextSplit, out: Path, enc: tiktoken.Encoding, settings: dict[str, Any], layout: str,
+    num_threads: int, chunk_docs: int, force: bool, progress: bool,
+) -> PreparedSplit:  # fmt: skip
+    """prepare_split's sharded path: every shard written, then every sidecar (they record the count)."""
+    shard_tokens, dtype = settings["shard_tokens"], np.dtype(settings["dtype"])
+    fingerprint = settings_fingerprint(settings)
+    pattern = out / f"{split.name}_{'?' * SHARD_DIGITS}.{layout}"  # train_??????.npy: a glob NpyTokensDataset takes
+    if not force and (metas := _shards_up_to_date(out, split.name, layout, fingerprint)) is not None:
+        paths = tuple(out / m["file"] for m in metas)
+        return PreparedSplit(split.name, pattern, _shard_totals(metas), written=False, shards=paths)
+
+    out.mkdir(parents=True, exist_ok=True)
+    texts = _iter_texts(split.documents, split.column, chunk_docs)
+    chunks = tokenize_documents(texts, enc, num_threads=num_threads, chunk_docs=chunk_docs)
+    bar = tqdm(total=len(split.documents), desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
+    written = []  # (path, stats, documents starting in the shard)
+    with bar, contextlib.closing(chunks):
+        for index, shard in enumerate(_shard_streams(_with_progress(chunks, bar, enc.eot_token), shard_tokens)):
+            path, docs = shard_path(out, split.name, index, layout), [0]
+            stats = write_token_file(_count_eots(shard, enc.eot_token, docs), path, dtype, layout)
+            written.append((path, stats, docs[0]))
+    metas, first_token = [], 0
+    for index, (path, stats, n_docs) in enumerate(written):
+        meta = {
+            "format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "layout": layout,
+            "dtype": dtype.name, "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
+            "file_size": stats["file_size"], "sha256": stats["sha256"], "tokenizer": settings["tokenizer"],
+            "n_vocab": enc.n_vocab, "eot_id": enc.eot_token, "eot_placement": EOT_PLACEMENT,
+            "max_token_id": stats["max_token_id"], "n_docs": n_docs, "source": split.source,
+            "shard": {"index": index, "count": len(written), "shard_tokens": shard_tokens, "first_token": first_token},
+            "settings_fingerprint": fingerprint, "created_by": CREATED_BY,
+        }  # fmt: skip
+        write_sidecar(path, meta)
+        metas.append(meta)
+        first_token += stats["n_tokens"]
+    for index, stale in sorted(_existing_shards(out, split.name, layout).items()):
+        if index >= len(written):  # left by an earlier run with smaller shards or more text
+            sidecar_path(stale).unlink(missing_ok=True)  # the sidecar first: a file without one reads as unfinished
+            stale.unlink(missing_ok=True)
+    _fsync_dir(out)
+    return PreparedSplit(split.name, pattern, _shard_totals(metas), written=True, shards=tuple(p for p, _, _ in written))
 
 
 def _default_out_dir(name: str, path: Path | None) -> Path:
@@ -737,10 +876,16 @@ def prepare(
     chunk_docs: int = CHUNK_DOCS,
     force: bool = False,
     progress: bool = True,
+    shard_tokens: int | None = None,
 ) -> list[PreparedSplit]:
-    """Tokenize every requested split of dataset (None: the bundled sample) into out (None: data/<name>)."""
+    """Tokenize every requested split of dataset (None: the bundled sample) into out (None: data/<name>).
+
+    shard_tokens: write each split as shards of that many tokens (see prepare_split); None: one file.
+    """
     num_threads = _check_num_threads(num_threads)
     _check_positive_int("chunk_docs", chunk_docs)
+    if shard_tokens is not None:
+        _check_positive_int("shard_tokens", shard_tokens)
     _check_carve(val_fraction, seed)
     _check_layout(layout)
     names = _check_split_names(splits)
@@ -760,7 +905,7 @@ def prepare(
     clean_stale_temp_files(out)
     return [
         prepare_split(text_splits[s], out, enc, layout=layout, num_threads=num_threads,
-                      chunk_docs=chunk_docs, force=force, progress=progress)
+                      chunk_docs=chunk_docs, force=force, progress=progress, shard_tokens=shard_tokens)
         for s in names
     ]  # fmt: skip
 
@@ -786,7 +931,7 @@ def _open_fraction(text: str) -> float:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="prepare_tokens.py",
-        description="Tokenize a text dataset with tiktoken and write one token file + JSON sidecar per split.",
+        description="Tokenize a text dataset with tiktoken and write one token file (or shards) + JSON sidecar per split.",
     )
     p.add_argument("--dataset", default=None,
                    help=f"Hub name (roneneldan/TinyStories) or local folder/file; default: {SAMPLE_DATASET}")
@@ -804,6 +949,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"tokenizer threads (default: usable cores, here {_usable_cores()})")
     p.add_argument("--chunk-docs", type=_positive_int, default=CHUNK_DOCS,
                    help=f"documents per thread task (default: {CHUNK_DOCS})")
+    p.add_argument("--shard-tokens", type=_positive_int, default=None, metavar="N",
+                   help="write each split as shards of N tokens (<split>_000000.npy, ...; the last holds the rest); "
+                        "default: one file per split")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     return p  # fmt: skip
 
@@ -818,7 +966,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = prepare(
             args.dataset, args.out, column=args.column, splits=args.splits, val_fraction=args.val_fraction,
             seed=args.seed, encoding=args.encoding, layout=args.layout, num_threads=args.num_threads,
-            chunk_docs=args.chunk_docs, force=args.force,
+            chunk_docs=args.chunk_docs, force=args.force, shard_tokens=args.shard_tokens,
         )  # fmt: skip
     except KeyboardInterrupt:
         print("interrupted: unfinished files removed, earlier outputs untouched", file=sys.stderr)

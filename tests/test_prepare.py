@@ -258,6 +258,74 @@ def test_rerun_skips_and_changed_settings_rebuild(tmp_path):
     assert open_tokens(train, verify=True).size == read_sidecar(train)["n_tokens"]
 
 
+@pytest.mark.parametrize("layout", ["npy", "bin"])
+def test_shards_hold_exactly_shard_tokens_and_concatenate_to_the_one_file(tmp_path, enc, layout):
+    from npy_datasets import NpyTokensDataset
+
+    data = make_dataset(tmp_path / "in", MANY, MANY[:3])
+    whole = np.asarray(open_tokens(prepare(data, tmp_path / "one")["train"].path))
+    n = 97  # not a divisor of the split's length, and smaller than most documents: documents span shards
+    result = prepare(data, tmp_path / "shards", shard_tokens=n, layout=layout)["train"]
+    k = -(-len(whole) // n)
+    assert len(whole) % n and result.written and len(result.shards) == k
+    assert [p.name for p in result.shards] == [f"train_{i:06d}.{layout}" for i in range(k)]
+    assert result.path == tmp_path / "shards" / f"train_??????.{layout}"
+    assert result.summary().endswith(f"({k} shards, written)")
+    parts = [np.asarray(open_tokens(p, verify=True)) for p in result.shards]
+    assert [len(part) for part in parts] == [n] * (k - 1) + [len(whole) - n * (k - 1)]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+    metas = [read_sidecar(p) for p in result.shards]
+    assert [m["shard"] for m in metas] == [
+        {"index": i, "count": k, "shard_tokens": n, "first_token": i * n} for i in range(k)
+    ]
+    assert [m["n_docs"] for m in metas] == [int(np.count_nonzero(part == EOT)) for part in parts]
+    assert (result.meta["n_docs"], result.meta["n_tokens"], result.meta["n_shards"]) == (len(MANY), len(whole), k)
+    assert len({m["settings_fingerprint"] for m in metas}) == 1
+    assert metas[0]["settings_fingerprint"] != read_sidecar(tmp_path / "one" / "train.npy")["settings_fingerprint"]
+    ds = NpyTokensDataset(result.path, 8)  # the glob as returned
+    assert len(ds) == sum((len(part) - 1) // 8 for part in parts)
+    assert prepare(data, tmp_path / "shards", shard_tokens=len(whole) + 5, layout=layout)["train"].shards == (
+        tmp_path / "shards" / f"train_000000.{layout}",
+    )  # one shard holds all; the others of the previous run are gone with their sidecars
+    assert sorted(q.name for q in (tmp_path / "shards").glob("train_*")) == [
+        f"train_000000.{layout}", f"train_000000.{layout}.json"
+    ]
+
+
+def test_sharded_rerun_skips_rebuilds_on_change_and_is_byte_identical(tmp_path):
+    data, out = make_dataset(tmp_path / "in", MANY, MANY[:3]), tmp_path / "out"
+    first = prepare(data, out, shard_tokens=300)["train"]
+    snapshot = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    time.sleep(0.01)
+    again = prepare(data, out, shard_tokens=300, num_threads=1, chunk_docs=5)
+    assert not any(r.written for r in again.values()) and again["train"].shards == first.shards
+    assert "shards, up to date)" in again["train"].summary()
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == snapshot
+
+    forced = prepare(data, out, shard_tokens=300, force=True)["train"]
+    assert forced.written and {p.name: p.read_bytes() for p in out.iterdir()} == {k: v[0] for k, v in snapshot.items()}
+
+    stray = out / f"train_{len(first.shards):06d}.npy"  # a shard from some other run: not up to date any more
+    stray.write_bytes(first.shards[0].read_bytes())
+    assert prepare(data, out, shard_tokens=300)["train"].written and not stray.exists()
+
+    first.shards[1].unlink()  # a missing shard is rebuilt
+    assert prepare(data, out, shard_tokens=300)["train"].written and first.shards[1].is_file()
+
+    smaller = prepare(data, out, shard_tokens=100)["train"]
+    assert smaller.written and len(smaller.shards) > len(first.shards)
+    assert (out / "train.npy").exists() is False  # sharded output never writes the one-file name
+
+
+def test_shard_tokens_must_be_a_positive_int(tmp_path):
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match="shard_tokens"):
+            pt.prepare(tmp_path / "no_such_dataset", tmp_path / "out", shard_tokens=bad, progress=False)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="more than 6 digits"):
+        pt.shard_path(tmp_path, "train", 10**6)
+
+
 # --- carving validation from train ------------------------------------------------------------------
 
 
@@ -475,7 +543,7 @@ def test_bad_parameters_fail_before_any_work(tmp_path, kwargs):
 @pytest.mark.parametrize(
     "argv",
     [["--num-threads", "0"], ["--chunk-docs", "-1"], ["--val-fraction", "nan"], ["--val-fraction", "1"],
-     ["--format", "csv"]],
+     ["--format", "csv"], ["--shard-tokens", "0"], ["--shard-tokens", "1e6"]],
 )
 def test_cli_rejects_bad_parameters(argv, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -558,3 +626,20 @@ def test_cli_end_to_end_on_bundled_sample(tmp_path, enc):
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     assert [line.endswith("(up to date)") for line in rerun.stdout.splitlines()] == [True, True]
+
+
+def test_cli_shard_tokens_writes_shards_the_dataset_reads_by_glob(tmp_path):
+    from npy_datasets import NpyTokensDataset
+
+    env = dict(os.environ, HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"))
+    command = [sys.executable, "python_files/prepare_tokens.py", "--out", str(tmp_path), "--shard-tokens", "100000"]
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    pattern = (tmp_path / "train_??????.npy").resolve()
+    assert proc.stdout.splitlines() == [
+        f"train: 1,800 docs, 342,147 tokens, uint16 -> {pattern} (4 shards, written)",
+        f"validation: 180 docs, 35,098 tokens, uint16 -> {pattern.with_name('validation_??????.npy')} (1 shard, written)",
+    ]
+    ds = NpyTokensDataset(str(pattern), 256)
+    assert [f["tokens"] for f in ds.file_summary()] == [100_000, 100_000, 100_000, 42_147]
+    assert len(ds) == 3 * (99_999 // 256) + 42_146 // 256
