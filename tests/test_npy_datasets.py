@@ -143,6 +143,26 @@ def test_compact_batches_widen_exactly_on_any_path(tmp_path, dtype):
     assert all(torch.equal(a, b) for a, b in zip(moved, (x, y)))
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_token_batches_cross_processes_by_value_when_small(tmp_path, dtype):
+    tokens = (np.iinfo(dtype).max - np.arange(300_000, dtype=np.int64)).astype(dtype)
+    ds = nd.NpyTokensDataset(write_tokens(tmp_path / "t.npy", tokens), 16)
+    per_row = 17 * np.dtype(dtype).itemsize
+    small = nd.collate_windows(ds.__getitems__(list(range(12))))
+    rows = nd.PICKLE_BY_VALUE_MAX_BYTES // per_row + 1
+    large = nd.collate_windows(ds.__getitems__([i % len(ds) for i in range(rows)]))
+    assert small.windows.nbytes <= nd.PICKLE_BY_VALUE_MAX_BYTES < large.windows.nbytes
+    rebuild, args = small.__reduce__()
+    assert rebuild is nd._token_batch_from_array and isinstance(args[0], np.ndarray)
+    data = pickle.dumps(small)  # a worker's queue pickles with the same __reduce__
+    assert len(data) >= small.windows.nbytes  # the ids travel in the message, not as a shared-memory handle
+    received = pickle.loads(data)
+    assert isinstance(received, nd.TokenBatch) and received.windows.dtype == small.windows.dtype
+    assert torch.equal(received.windows, small.windows) and received.windows.numpy().flags.writeable
+    assert all(torch.equal(a, b) for a, b in zip(received, small))
+    assert large.__reduce__() == (nd.TokenBatch, (large.windows,))  # torch's shared-memory handover
+
+
 def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
     ds = nd.NpyTokensDataset(arange_file(3000, dtype=np.uint16), 31)
     x, y = next(iter(DataLoader(ds, batch_size=5)))
