@@ -43,6 +43,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -528,6 +529,17 @@ def _create_temp(path: Path) -> tuple[int, Path]:
             continue
 
 
+def _create_temp_dir(path: Path) -> Path:
+    """Make a new, empty folder beside path, named like the temp files, so killed runs' leftovers are cleaned."""
+    while True:
+        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
+
+
 @contextlib.contextmanager
 def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[BinaryIO]:
     """Yield a temp file beside path; on success fsync it and rename it over path, on any error delete it.
@@ -616,20 +628,24 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale_temp_files(out_dir: str | os.PathLike) -> list[Path]:
-    """Delete temp files that killed runs left in out_dir (not those of a run still alive); return them."""
+    """Delete temp files (and shard staging folders) that killed runs left in out_dir, not those of a
+    run still alive; return them."""
     removed = []
     folder = Path(out_dir)
     if not folder.is_dir():
         return removed
     for entry in folder.iterdir():
         match = _TEMP_NAME.fullmatch(entry.name)
-        if match is None or not entry.is_file():
+        if match is None or entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
             continue
         pid = int(match["pid"])
         if pid != os.getpid() and _pid_alive(pid):
             continue  # another run is writing it right now
         with contextlib.suppress(OSError):
-            entry.unlink()
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
             removed.append(entry)
     return removed
 
@@ -795,7 +811,11 @@ def _prepare_shards(
     split: TextSplit, out: Path, enc: tiktoken.Encoding, settings: dict[str, Any], layout: str,
     num_threads: int, chunk_docs: int, force: bool, progress: bool,
 ) -> PreparedSplit:  # fmt: skip
-    """prepare_split's sharded path: every shard written, then every sidecar (they record the count)."""
+    """prepare_split's sharded path: the shards written into a staging folder beside them, then swapped
+    in (the old shards' sidecars deleted first), then every sidecar (each records the count).
+
+    Until the swap, which takes a few renames, the previous shards stay whole and finished: a run
+    that fails or is killed while tokenizing never leaves a glob that mixes two runs."""
     shard_tokens, dtype = settings["shard_tokens"], np.dtype(settings["dtype"])
     fingerprint = settings_fingerprint(settings)
     pattern = out / f"{split.name}_{'?' * SHARD_DIGITS}.{layout}"  # train_??????.npy: a glob NpyTokensDataset takes
@@ -804,15 +824,29 @@ def _prepare_shards(
         return PreparedSplit(split.name, pattern, _shard_totals(metas), written=False, shards=paths)
 
     out.mkdir(parents=True, exist_ok=True)
-    texts = _iter_texts(split.documents, split.column, chunk_docs)
-    chunks = tokenize_documents(texts, enc, num_threads=num_threads, chunk_docs=chunk_docs)
-    bar = tqdm(total=len(split.documents), desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
-    written = []  # (path, stats, documents starting in the shard)
-    with bar, contextlib.closing(chunks):
-        for index, shard in enumerate(_shard_streams(_with_progress(chunks, bar, enc.eot_token), shard_tokens)):
-            path, docs = shard_path(out, split.name, index, layout), [0]
-            stats = write_token_file(_count_eots(shard, enc.eot_token, docs), path, dtype, layout)
-            written.append((path, stats, docs[0]))
+    staging = _create_temp_dir(out / f"{split.name}_shards")  # .train_shards.tmp.<pid>.<random>/
+    written = []  # (final path, stats, documents starting in the shard)
+    try:
+        texts = _iter_texts(split.documents, split.column, chunk_docs)
+        chunks = tokenize_documents(texts, enc, num_threads=num_threads, chunk_docs=chunk_docs)
+        bar = tqdm(total=len(split.documents), desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
+        with bar, contextlib.closing(chunks):
+            for index, shard in enumerate(_shard_streams(_with_progress(chunks, bar, enc.eot_token), shard_tokens)):
+                path, docs = shard_path(out, split.name, index, layout), [0]
+                stats = write_token_file(_count_eots(shard, enc.eot_token, docs), staging / path.name, dtype, layout)
+                written.append((path, stats, docs[0]))
+        old = _existing_shards(out, split.name, layout)
+        for stale in old.values():  # from here until the new sidecars exist, no shard of this split looks finished
+            sidecar_path(stale).unlink(missing_ok=True)
+        for index, stale in old.items():
+            if index >= len(written):  # left by an earlier run with smaller shards or more text
+                stale.unlink(missing_ok=True)
+        _fsync_dir(out)
+        for path, _, _ in written:
+            os.replace(staging / path.name, path)
+        _fsync_dir(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     metas, first_token = [], 0
     for index, (path, stats, n_docs) in enumerate(written):
         meta = {
@@ -827,11 +861,6 @@ def _prepare_shards(
         write_sidecar(path, meta)
         metas.append(meta)
         first_token += stats["n_tokens"]
-    for index, stale in sorted(_existing_shards(out, split.name, layout).items()):
-        if index >= len(written):  # left by an earlier run with smaller shards or more text
-            sidecar_path(stale).unlink(missing_ok=True)  # the sidecar first: a file without one reads as unfinished
-            stale.unlink(missing_ok=True)
-    _fsync_dir(out)
     return PreparedSplit(split.name, pattern, _shard_totals(metas), written=True, shards=tuple(p for p, _, _ in written))
 
 

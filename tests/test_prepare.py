@@ -317,6 +317,45 @@ def test_sharded_rerun_skips_rebuilds_on_change_and_is_byte_identical(tmp_path):
     assert (out / "train.npy").exists() is False  # sharded output never writes the one-file name
 
 
+def test_a_failed_sharded_rebuild_keeps_the_previous_shards_whole(tmp_path, monkeypatch):
+    data, out = make_dataset(tmp_path / "in", MANY, MANY[:3]), tmp_path / "out"
+    before = prepare(data, out, shard_tokens=300)["train"]
+    snapshot = {p.name: p.read_bytes() for p in out.iterdir()}
+    tokens = np.concatenate([np.load(p) for p in before.shards])
+    real, calls = pt.write_token_file, []
+
+    def interrupted_on_the_third_shard(chunks, path, *args, **kwargs):
+        calls.append(Path(path))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(chunks, path, *args, **kwargs)
+
+    monkeypatch.setattr(pt, "write_token_file", interrupted_on_the_third_shard)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(data, out, shard_tokens=200, splits=["train"])  # other settings: a rebuild
+    assert all(p.parent != out for p in calls)  # shards are written beside, never over, the finished ones
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == snapshot  # staging folder gone too
+    assert all(open_tokens(p, verify=True).size == read_sidecar(p)["n_tokens"] for p in before.shards)
+    monkeypatch.undo()
+    after = prepare(data, out, shard_tokens=200, splits=["train"])["train"]
+    assert after.written and np.array_equal(np.concatenate([np.load(p) for p in after.shards]), tokens)
+    assert len(after.shards) == -(-len(tokens) // 200) and sorted(p.name for p in out.glob("train*")) == sorted(
+        [p.name for p in after.shards] + [p.name + ".json" for p in after.shards]
+    )
+
+
+def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    staging = tmp_path / f".train_shards.tmp.{dead.pid}.0badc0de"
+    staging.mkdir()
+    (staging / "train_000000.npy").write_bytes(b"half a shard")
+    alive = tmp_path / ".train_shards.tmp.1.0badc0de"  # pid 1 is always alive: its run may still be writing
+    alive.mkdir()
+    assert pt.clean_stale_temp_files(tmp_path) == [staging]
+    assert not staging.exists() and alive.is_dir()
+
+
 def test_shard_tokens_must_be_a_positive_int(tmp_path):
     for bad in (0, -5, 2.5, True):
         with pytest.raises((ValueError, TypeError), match="shard_tokens"):
