@@ -15,6 +15,7 @@ import json
 import operator
 import os
 import stat
+import warnings
 from pathlib import Path
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -397,6 +398,42 @@ def _keyed_hash(seed: int, stream: int, epoch: int | np.ndarray, index: np.ndarr
     return _mix64(_mix64(np.uint64(key) + epoch.astype(np.uint64)) + index.astype(np.uint64))
 
 
+def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]) -> None:
+    """Warn when shards that prepare_tokens wrote as one set are missing from paths, or given twice.
+
+    A subset may be intended (a quick run on the first shards), so this warns instead of refusing."""
+    sets: dict[str, tuple[str, int, list[int]]] = {}  # settings fingerprint -> (first path, count, indices seen)
+    for p, meta in zip(paths, metas):
+        shard = meta.get("shard") if meta is not None else None
+        if not isinstance(shard, dict) or not all(isinstance(shard.get(k), int) for k in ("index", "count")):
+            continue
+        first, count, seen = sets.setdefault(str(meta.get("settings_fingerprint")), (p, shard["count"], []))
+        seen.append(shard["index"])
+    for first, count, seen in sets.values():
+        missing = sorted(set(range(count)) - set(seen))
+        twice = sorted(i for i in set(seen) if seen.count(i) > 1)
+        if missing or twice:
+            problem = (f"shard(s) {_ranges(missing)} of {count} missing" if missing else "") + (
+                ("; " if missing else "") + f"shard(s) {_ranges(twice)} given more than once" if twice else "")
+            warnings.warn(
+                f"{first!r} is one of {count} shards written together, but this dataset has {problem}. "
+                "Pass the glob prepare_tokens printed (e.g. 'train_[0-9][0-9][0-9][0-9][0-9][0-9].npy') for the "
+                "whole set, unless a subset is what you want", stacklevel=3,
+            )
+
+
+def _ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'; at most 10 ranges, then a count."""
+    parts: list[tuple[int, int]] = []  # (first, last) of each run of consecutive indices
+    for i in indices:
+        if parts and parts[-1][1] == i - 1:
+            parts[-1] = (parts[-1][0], i)
+        else:
+            parts.append((i, i))
+    text = [f"{a}-{b}" if a != b else f"{a}" for a, b in parts[:10]]
+    return ", ".join(text) + (f" and {len(parts) - 10} more ranges" if len(parts) > 10 else "")
+
+
 def _expand_paths(path: Any) -> list[str]:
     """One token file, a list of them, or a glob pattern ('data/train_*.npy', sorted by name)."""
     if isinstance(path, (str, os.PathLike)):
@@ -478,6 +515,7 @@ class NpyTokensDataset(Dataset):
         self._files: list[tuple[str, tuple[int, int], int, tuple[int, int, int, int]]] = []
         self._sha256: list[str | None] = []  # each file's checksum from its sidecar, as opened (for fingerprint)
         tokenizer: tuple[str, str] | None = None  # (a file, its tokenizer) from the first file with a sidecar
+        metas = []
         for p in self.paths:  # check every file now: a bad shard fails here, not mid-run
             arr = open_tokens(p, dtype, vocab_size=vocab_size, verify=verify)
             if self.dtype and arr.dtype.name != self.dtype:
@@ -487,6 +525,7 @@ class NpyTokensDataset(Dataset):
                 )
             self.dtype = arr.dtype.name
             meta = read_sidecar(p)
+            metas.append(meta)
             self._sha256.append(meta["sha256"] if meta is not None else None)
             if meta is not None:  # ids from two tokenizers mean different things: never mix them
                 tokenizer = tokenizer or (p, meta["tokenizer"])
@@ -497,6 +536,7 @@ class NpyTokensDataset(Dataset):
                     )
             rows, row_len = (1, arr.shape[0]) if arr.ndim == 1 else arr.shape
             self._files.append((p, (int(rows), int(row_len)), int(arr.offset), _file_identity(p)))
+        _warn_incomplete_shards(self.paths, metas)
         spare = self.seq_len - 1 if epoch_offset else 0  # tokens an offset may take from the front
         self._per_row = [max(0, (row_len - 1 - spare) // self.seq_len) for _, (_, row_len), _, _ in self._files]
         windows = sum(rows * w for (_, (rows, _), _, _), w in zip(self._files, self._per_row))

@@ -807,6 +807,42 @@ def _shards_up_to_date(out: Path, name: str, layout: str, fingerprint: str) -> l
     return metas  # type: ignore[return-value]
 
 
+def _check_no_foreign_shard_names(out: Path, name: str, layout: str) -> None:
+    """Refuse to shard split name over files that have shard names but are not its shards (another
+    split called e.g. train_000001 has written train_000001.npy): they would be replaced or deleted."""
+    for path in _existing_shards(out, name, layout).values():
+        try:
+            meta = read_sidecar(path)
+        except TokenFileError:
+            meta = None  # unreadable: an unfinished shard at worst, rebuilt like one
+        if meta is not None and not (isinstance(meta.get("shard"), dict) and
+                                     isinstance(meta.get("source"), dict) and meta["source"].get("split") == name):  # fmt: skip
+            raise ValueError(
+                f"{str(path)!r} is not a shard of split {name!r} (its sidecar says otherwise), but has a shard's "
+                f"name; sharding {name!r} would replace or delete it. Move it, or choose another --out"
+            )
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while a few renames must not be cut in half, then deliver them.
+
+    Only the main thread can change signal handlers; elsewhere signals never interrupt this thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if caught:
+            signal.raise_signal(caught[0])  # now, to the handler that was in place
+
+
 def _prepare_shards(
     split: TextSplit, out: Path, enc: tiktoken.Encoding, settings: dict[str, Any], layout: str,
     num_threads: int, chunk_docs: int, force: bool, progress: bool,
@@ -818,11 +854,12 @@ def _prepare_shards(
     that fails or is killed while tokenizing never leaves a glob that mixes two runs."""
     shard_tokens, dtype = settings["shard_tokens"], np.dtype(settings["dtype"])
     fingerprint = settings_fingerprint(settings)
-    pattern = out / f"{split.name}_{'?' * SHARD_DIGITS}.{layout}"  # train_??????.npy: a glob NpyTokensDataset takes
+    pattern = out / f"{split.name}_{'[0-9]' * SHARD_DIGITS}.{layout}"  # a glob NpyTokensDataset takes
     if not force and (metas := _shards_up_to_date(out, split.name, layout, fingerprint)) is not None:
         paths = tuple(out / m["file"] for m in metas)
         return PreparedSplit(split.name, pattern, _shard_totals(metas), written=False, shards=paths)
 
+    _check_no_foreign_shard_names(out, split.name, layout)
     out.mkdir(parents=True, exist_ok=True)
     staging = _create_temp_dir(out / f"{split.name}_shards")  # .train_shards.tmp.<pid>.<random>/
     written = []  # (final path, stats, documents starting in the shard)
@@ -835,18 +872,29 @@ def _prepare_shards(
                 path, docs = shard_path(out, split.name, index, layout), [0]
                 stats = write_token_file(_count_eots(shard, enc.eot_token, docs), staging / path.name, dtype, layout)
                 written.append((path, stats, docs[0]))
-        old = _existing_shards(out, split.name, layout)
-        for stale in old.values():  # from here until the new sidecars exist, no shard of this split looks finished
-            sidecar_path(stale).unlink(missing_ok=True)
-        for index, stale in old.items():
-            if index >= len(written):  # left by an earlier run with smaller shards or more text
-                stale.unlink(missing_ok=True)
-        _fsync_dir(out)
-        for path, _, _ in written:
-            os.replace(staging / path.name, path)
-        _fsync_dir(out)
+        with _signals_deferred():  # the swap and the sidecars: a Ctrl-C now waits until they are done
+            metas = _swap_in_shards(out, split, staging, written, enc, settings, layout, fingerprint)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return PreparedSplit(split.name, pattern, _shard_totals(metas), written=True, shards=tuple(p for p, _, _ in written))
+
+
+def _swap_in_shards(
+    out: Path, split: TextSplit, staging: Path, written: list[tuple[Path, dict[str, Any], int]],
+    enc: tiktoken.Encoding, settings: dict[str, Any], layout: str, fingerprint: str,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Replace split's shards in out by the staged ones, then write their sidecars; return those."""
+    old = _existing_shards(out, split.name, layout)
+    for stale in old.values():  # from here until the new sidecars exist, no shard of this split looks finished
+        sidecar_path(stale).unlink(missing_ok=True)
+    for index, stale in old.items():
+        if index >= len(written):  # left by an earlier run with smaller shards or more text
+            stale.unlink(missing_ok=True)
+    _fsync_dir(out)
+    for path, _, _ in written:
+        os.replace(staging / path.name, path)
+    _fsync_dir(out)
+    dtype, shard_tokens = np.dtype(settings["dtype"]), settings["shard_tokens"]
     metas, first_token = [], 0
     for index, (path, stats, n_docs) in enumerate(written):
         meta = {
@@ -861,7 +909,7 @@ def _prepare_shards(
         write_sidecar(path, meta)
         metas.append(meta)
         first_token += stats["n_tokens"]
-    return PreparedSplit(split.name, pattern, _shard_totals(metas), written=True, shards=tuple(p for p, _, _ in written))
+    return metas
 
 
 def _default_out_dir(name: str, path: Path | None) -> Path:
@@ -944,7 +992,10 @@ def prepare(
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value

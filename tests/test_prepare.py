@@ -269,7 +269,7 @@ def test_shards_hold_exactly_shard_tokens_and_concatenate_to_the_one_file(tmp_pa
     k = -(-len(whole) // n)
     assert len(whole) % n and result.written and len(result.shards) == k
     assert [p.name for p in result.shards] == [f"train_{i:06d}.{layout}" for i in range(k)]
-    assert result.path == tmp_path / "shards" / f"train_??????.{layout}"
+    assert result.path == tmp_path / "shards" / f"train_{'[0-9]' * 6}.{layout}"
     assert result.summary().endswith(f"({k} shards, written)")
     parts = [np.asarray(open_tokens(p, verify=True)) for p in result.shards]
     assert [len(part) for part in parts] == [n] * (k - 1) + [len(whole) - n * (k - 1)]
@@ -344,6 +344,44 @@ def test_a_failed_sharded_rebuild_keeps_the_previous_shards_whole(tmp_path, monk
     )
 
 
+def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, monkeypatch):
+    import signal
+
+    data, out = make_dataset(tmp_path / "in", MANY, MANY[:3]), tmp_path / "out"
+    prepare(data, out, shard_tokens=100, splits=["train"])
+    real_replace, renames = pt.os.replace, []
+
+    def ctrl_c_after_the_first_rename(src, dst):
+        real_replace(src, dst)
+        if Path(dst).parent != out or Path(src).parent == out:  # a temp file's rename, not the swap's
+            return
+        renames.append(Path(dst))
+        if len(renames) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, half way through the renames
+
+    monkeypatch.setattr(pt.os, "replace", ctrl_c_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(data, out, shard_tokens=300, splits=["train"])
+    monkeypatch.undo()
+    assert len(renames) > 1 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    shards = sorted(out.glob("train_*.npy"))  # all of the new run, finished, none of the old one left
+    assert [p.name for p in shards] == [p.name for p in renames]
+    assert all(read_sidecar(p)["shard"]["shard_tokens"] == 300 and open_tokens(p, verify=True).size for p in shards)
+    assert not prepare(data, out, shard_tokens=300, splits=["train"])["train"].written
+
+
+def test_sharding_refuses_to_touch_another_splits_file_with_a_shard_name(tmp_path):
+    data, out = make_dataset(tmp_path / "in", MANY, MANY[:3]), tmp_path / "out"
+    prepare(data, out, splits=["validation"])
+    for suffix in ("", ".json"):  # as if a split named train_000001 had been written here
+        (out / f"validation.npy{suffix}").rename(out / f"train_000001.npy{suffix}")
+    before = (out / "train_000001.npy").read_bytes()
+    with pytest.raises(ValueError, match=r"train_000001.npy' is not a shard of split 'train'.*choose another --out"):
+        prepare(data, out, shard_tokens=10_000, splits=["train"])
+    assert (out / "train_000001.npy").read_bytes() == before and (out / "train_000001.npy.json").is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["train_000001.npy", "train_000001.npy.json"]
+
+
 def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -354,6 +392,24 @@ def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
     alive.mkdir()
     assert pt.clean_stale_temp_files(tmp_path) == [staging]
     assert not staging.exists() and alive.is_dir()
+
+
+def test_the_dataset_warns_when_a_shard_set_is_incomplete_or_repeated(tmp_path):
+    import warnings
+
+    from npy_datasets import NpyTokensDataset
+
+    data = make_dataset(tmp_path / "in", MANY, MANY[:3])
+    result = prepare(data, tmp_path / "out", shard_tokens=300, splits=["train"])["train"]
+    k = len(result.shards)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the whole set, in any order: no warning
+        NpyTokensDataset(result.path, 8)
+        NpyTokensDataset(list(reversed(result.shards)), 8)
+    with pytest.warns(UserWarning, match=rf"one of {k} shards written together, .* shard\(s\) 1, 3-{k - 1} of {k} missing"):
+        NpyTokensDataset([result.shards[0], result.shards[2]], 8)
+    with pytest.warns(UserWarning, match=r"shard\(s\) 0 given more than once"):
+        NpyTokensDataset([*result.shards, result.shards[0]], 8)
 
 
 def test_shard_tokens_must_be_a_positive_int(tmp_path):
@@ -588,7 +644,10 @@ def test_cli_rejects_bad_parameters(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         pt.main(argv)
     assert exc.value.code == 2
-    assert "error" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error" in err and "_positive_int" not in err
+    if argv[1] == "1e6":
+        assert "must be a whole number of at least 1, got '1e6'" in err
 
 
 def test_output_folder_checks(tmp_path):
@@ -674,10 +733,10 @@ def test_cli_shard_tokens_writes_shards_the_dataset_reads_by_glob(tmp_path):
     command = [sys.executable, "python_files/prepare_tokens.py", "--out", str(tmp_path), "--shard-tokens", "100000"]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    pattern = (tmp_path / "train_??????.npy").resolve()
+    pattern = (tmp_path / f"train_{'[0-9]' * 6}.npy").resolve()
     assert proc.stdout.splitlines() == [
         f"train: 1,800 docs, 342,147 tokens, uint16 -> {pattern} (4 shards, written)",
-        f"validation: 180 docs, 35,098 tokens, uint16 -> {pattern.with_name('validation_??????.npy')} (1 shard, written)",
+        f"validation: 180 docs, 35,098 tokens, uint16 -> {pattern.with_name('validation_' + '[0-9]' * 6 + '.npy')} (1 shard, written)",
     ]
     ds = NpyTokensDataset(str(pattern), 256)
     assert [f["tokens"] for f in ds.file_summary()] == [100_000, 100_000, 100_000, 42_147]
