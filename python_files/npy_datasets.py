@@ -17,6 +17,7 @@ import os
 import stat
 import warnings
 from pathlib import Path
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -335,6 +336,13 @@ def open_tokens(
         vocab_size: the model's vocabulary size; refuse files whose ids could reach past it.
         verify: also compare the file's sha256 with the sidecar's (reads the whole file).
     """
+    return _open_checked(path, dtype, vocab_size, verify)[0]
+
+
+def _open_checked(
+    path: str | os.PathLike, dtype: Any, vocab_size: int | None, verify: bool
+) -> tuple[np.memmap, dict[str, Any] | None]:
+    """open_tokens, also returning the sidecar it checked the file against (None without one)."""
     path = Path(path)
     _regular_file_size(path)
     meta = read_sidecar(path)
@@ -352,7 +360,7 @@ def open_tokens(
                 + ("" if meta else " (no sidecar records the largest id: leave out vocab_size, or write the "
                    "file with the prep step, whose sidecar does)")
             )
-    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=shape)
+    return np.memmap(path, dtype=dt, mode="r", offset=offset, shape=shape), meta
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -411,7 +419,7 @@ def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]
         seen.append(shard["index"])
     for first, count, seen in sets.values():
         missing = sorted(set(range(count)) - set(seen))
-        twice = sorted(i for i in set(seen) if seen.count(i) > 1)
+        twice = sorted(i for i, times in Counter(seen).items() if times > 1)
         if missing or twice:
             problem = (f"shard(s) {_ranges(missing)} of {count} missing" if missing else "") + (
                 ("; " if missing else "") + f"shard(s) {_ranges(twice)} given more than once" if twice else "")
@@ -517,14 +525,13 @@ class NpyTokensDataset(Dataset):
         tokenizer: tuple[str, str] | None = None  # (a file, its tokenizer) from the first file with a sidecar
         metas = []
         for p in self.paths:  # check every file now: a bad shard fails here, not mid-run
-            arr = open_tokens(p, dtype, vocab_size=vocab_size, verify=verify)
+            arr, meta = _open_checked(p, dtype, vocab_size, verify)
             if self.dtype and arr.dtype.name != self.dtype:
                 raise TokenFileError(
                     f"{p!r} holds {arr.dtype.name} but {self.paths[0]!r} holds {self.dtype}; "
                     "the files of one dataset need one dtype"
                 )
             self.dtype = arr.dtype.name
-            meta = read_sidecar(p)
             metas.append(meta)
             self._sha256.append(meta["sha256"] if meta is not None else None)
             if meta is not None:  # ids from two tokenizers mean different things: never mix them

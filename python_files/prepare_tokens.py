@@ -8,7 +8,8 @@ or with --format bin a raw headerless <split>.bin (nanoGPT's layout); then <out>
 (or <split>.bin.json), the sidecar that describes it. npy_datasets.open_tokens reads both.
 With --shard-tokens N a split becomes shards of exactly N tokens each, the last holding the rest:
 <split>_000000.npy, <split>_000001.npy, ..., each with its own sidecar; a document may continue from
-one shard into the next (as in llm.c's shards). NpyTokensDataset("<out>/<split>_*.npy", ...) reads them.
+one shard into the next (as in llm.c's shards). NpyTokensDataset reads them by the glob the
+command prints, <out>/<split>_[0-9][0-9][0-9][0-9][0-9][0-9].npy.
 
 Every document is written as [EOT, *tokens]: one end-of-text token (50256 for GPT-2) BEFORE each
 document, so the file starts with 50256 and n_docs == number of EOTs. The text is encoded with
@@ -519,10 +520,15 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _temp_name(path: Path) -> Path:
+    """.<name>.tmp.<pid>.<random> beside path: the form clean_stale_temp_files recognises."""
+    return path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+
+
 def _create_temp(path: Path) -> tuple[int, Path]:
     """Open a new, empty temp file beside path; O_EXCL never reuses an existing file."""
     while True:
-        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp = _temp_name(path)
         try:
             return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
         except FileExistsError:
@@ -532,7 +538,7 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 def _create_temp_dir(path: Path) -> Path:
     """Make a new, empty folder beside path, named like the temp files, so killed runs' leftovers are cleaned."""
     while True:
-        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
+        tmp = _temp_name(path)
         try:
             tmp.mkdir()
             return tmp
@@ -717,18 +723,32 @@ def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[
         yield shard()
 
 
-def _count_eots(chunks: Iterable[np.ndarray], eot_id: int, counter: list[int]) -> Iterator[np.ndarray]:
-    """Pass chunks through, adding their EOTs (documents starting in them) to counter[0]."""
+def _with_progress(
+    chunks: Iterable[np.ndarray], bar: tqdm, eot_id: int, docs: list[int] | None = None
+) -> Iterator[np.ndarray]:
+    """Pass chunks through, advancing bar by the documents starting in them (one EOT each), and
+    adding them to docs[0] when docs is given."""
     for chunk in chunks:
-        counter[0] += int(np.count_nonzero(chunk == eot_id))
+        starts = int(np.count_nonzero(chunk == eot_id))
+        bar.update(starts)
+        if docs is not None:
+            docs[0] += starts
         yield chunk
 
 
-def _with_progress(chunks: Iterable[np.ndarray], bar: tqdm, eot_id: int) -> Iterator[np.ndarray]:
-    """Pass chunks through, advancing bar by their documents (one EOT each)."""
-    for chunk in chunks:
-        bar.update(int(np.count_nonzero(chunk == eot_id)))
-        yield chunk
+def _sidecar_meta(
+    path: Path, stats: dict[str, Any], n_docs: int, source: dict[str, Any], enc: tiktoken.Encoding,
+    settings: dict[str, Any], fingerprint: str,
+) -> dict[str, Any]:  # fmt: skip
+    """The sidecar of a token file write_token_file wrote (stats) with these settings."""
+    return {
+        "format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "layout": settings["layout"],
+        "dtype": settings["dtype"], "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
+        "file_size": stats["file_size"], "sha256": stats["sha256"], "tokenizer": settings["tokenizer"],
+        "n_vocab": enc.n_vocab, "eot_id": enc.eot_token, "eot_placement": EOT_PLACEMENT,
+        "max_token_id": stats["max_token_id"], "n_docs": n_docs, "source": source,
+        "settings_fingerprint": fingerprint, "created_by": CREATED_BY,
+    }  # fmt: skip
 
 
 def prepare_split(
@@ -775,14 +795,7 @@ def prepare_split(
     bar = tqdm(total=len(split.documents), desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
     with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails
         stats = write_token_file(_with_progress(chunks, bar, enc.eot_token), path, dtype, layout)
-    meta = {
-        "format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "layout": layout,
-        "dtype": dtype.name, "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
-        "file_size": stats["file_size"], "sha256": stats["sha256"], "tokenizer": tokenizer,
-        "n_vocab": enc.n_vocab, "eot_id": enc.eot_token, "eot_placement": EOT_PLACEMENT,
-        "max_token_id": stats["max_token_id"], "n_docs": len(split.documents), "source": split.source,
-        "settings_fingerprint": fingerprint, "created_by": CREATED_BY,
-    }  # fmt: skip
+    meta = _sidecar_meta(path, stats, len(split.documents), split.source, enc, settings, fingerprint)
     write_sidecar(path, meta)
     return PreparedSplit(split.name, path, meta, written=True)
 
@@ -868,9 +881,9 @@ def _prepare_shards(
         chunks = tokenize_documents(texts, enc, num_threads=num_threads, chunk_docs=chunk_docs)
         bar = tqdm(total=len(split.documents), desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
         with bar, contextlib.closing(chunks):
-            for index, shard in enumerate(_shard_streams(_with_progress(chunks, bar, enc.eot_token), shard_tokens)):
-                path, docs = shard_path(out, split.name, index, layout), [0]
-                stats = write_token_file(_count_eots(shard, enc.eot_token, docs), staging / path.name, dtype, layout)
+            for index, shard in enumerate(_shard_streams(chunks, shard_tokens)):
+                path, docs = shard_path(out, split.name, index, layout), [0]  # docs: documents starting in it
+                stats = write_token_file(_with_progress(shard, bar, enc.eot_token, docs), staging / path.name, dtype, layout)
                 written.append((path, stats, docs[0]))
         with _signals_deferred():  # the swap and the sidecars: a Ctrl-C now waits until they are done
             metas = _swap_in_shards(out, split, staging, written, enc, settings, layout, fingerprint)
@@ -894,18 +907,11 @@ def _swap_in_shards(
     for path, _, _ in written:
         os.replace(staging / path.name, path)
     _fsync_dir(out)
-    dtype, shard_tokens = np.dtype(settings["dtype"]), settings["shard_tokens"]
     metas, first_token = [], 0
     for index, (path, stats, n_docs) in enumerate(written):
-        meta = {
-            "format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "layout": layout,
-            "dtype": dtype.name, "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
-            "file_size": stats["file_size"], "sha256": stats["sha256"], "tokenizer": settings["tokenizer"],
-            "n_vocab": enc.n_vocab, "eot_id": enc.eot_token, "eot_placement": EOT_PLACEMENT,
-            "max_token_id": stats["max_token_id"], "n_docs": n_docs, "source": split.source,
-            "shard": {"index": index, "count": len(written), "shard_tokens": shard_tokens, "first_token": first_token},
-            "settings_fingerprint": fingerprint, "created_by": CREATED_BY,
-        }  # fmt: skip
+        meta = _sidecar_meta(path, stats, n_docs, split.source, enc, settings, fingerprint)
+        meta["shard"] = {"index": index, "count": len(written), "shard_tokens": settings["shard_tokens"],
+                         "first_token": first_token}  # fmt: skip
         write_sidecar(path, meta)
         metas.append(meta)
         first_token += stats["n_tokens"]
