@@ -8,8 +8,10 @@ Each rank prints one line per step: the epoch, and a checksum of the batch it re
 its token ids), so runs can be compared line by line. At the end, every rank's window indices of
 the current epoch are gathered and checked: disjoint, and together the whole epoch minus the
 windows the sampler drops so that every rank gets as many (EpochSampler.dropped). Under torchrun the
-backend is NCCL on GPUs and gloo on CPUs. --save-state writes the loader's state after the last
-step (JSON, rank 0); --resume starts from such a file, with any number of ranks.
+backend is NCCL with one GPU per rank when the node has a GPU for every local rank, and gloo on the
+CPU otherwise (a one-GPU machine running two ranks): the first line says which. --save-state writes
+the sampler's state after the last step (JSON, rank 0); --resume starts from such a file, with any
+number of ranks.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+def choose_backend(local_ranks: int, gpus: int) -> str:
+    """NCCL when every rank of this node can have a GPU of its own, else gloo on the CPU."""
+    return "nccl" if gpus >= local_ranks else "gloo"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "tinystories_sample", help="token file folder")
@@ -51,13 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--steps must be at least 1, got {args.steps}")
 
     distributed = "RANK" in os.environ  # set by torchrun
+    gpus = torch.cuda.device_count()
+    backend = choose_backend(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), gpus) if distributed else None
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if distributed:
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group(backend)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    use_gpu = backend == "nccl" or (not distributed and gpus > 0)
+    device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
+    if rank == 0:
+        say(f"{world} rank(s), backend {backend or 'none'}, device {device.type}, {gpus} GPU(s) on this node")
 
     if rank == 0:  # one process writes the token files; the others wait, then only read them
         prepare(out=args.data, progress=False)
@@ -66,27 +77,26 @@ def main(argv: list[str] | None = None) -> int:
     train = NpyTokensDataset(args.data / "train.npy", args.seq_len, vocab_size=50257)
     val = NpyTokensDataset(args.data / "validation.npy", args.seq_len, vocab_size=50257)
     train_loader, _ = make_dataloaders(train, val, batch_size=args.batch_size, num_workers=0, seed=args.seed)
+    sampler = train_loader.sampler
     if args.resume:
-        train_loader.load_state_dict(json.loads(args.resume.read_text()))
+        sampler.load_state_dict(json.loads(args.resume.read_text()))
 
     step = 0
     while step < args.steps:
-        batches = iter(train_loader)  # each new iteration is the next epoch (or the rest of a resumed one)
-        epoch = train_loader.state_dict()["epoch"]  # before the first batch: the epoch of this iteration
-        for batch in batches:
+        epoch = sampler.epoch  # each pass over the loader is the next epoch (or the rest of a resumed one)
+        for consumed, batch in enumerate(train_loader, 1):
             x, y = to_device(batch, device)
             step += 1
             say(f"rank {rank}/{world} step {step} epoch {epoch} checksum {int(x.sum())}")
             if step == args.steps:
                 break
 
-    state = train_loader.state_dict()
+    state = sampler.state_dict(consumed=consumed)  # the loop's own count: exact with workers too
     if args.save_state and rank == 0:
         args.save_state.parent.mkdir(parents=True, exist_ok=True)
         args.save_state.write_text(json.dumps(state))
         say(f"saved the loader state: epoch {state['epoch']}, position {state['position']}")
 
-    sampler = train_loader.batch_sampler
     mine = torch.from_numpy(sampler.order(epoch))  # this rank's windows of the last epoch it was in
     if distributed:
         every = [torch.zeros_like(mine) for _ in range(world)]

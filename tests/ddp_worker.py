@@ -52,7 +52,7 @@ def main() -> int:
         train_loader, val_loader = nd.make_dataloaders(train, val, args.batch_size, num_workers=0, seed=seed)
         plain = DataLoader(train, batch_size=args.batch_size, sampler=DistributedSampler(train, seed=args.seed))
         seen = {"rank": rank, "world_size": world, "train": rows(train_loader), "val": rows(val_loader),
-                "distributed_sampler": rows(plain), "train_state": train_loader.state_dict()}  # fmt: skip
+                "distributed_sampler": rows(plain), "train_state": train_loader.sampler.state_dict()}  # fmt: skip
     except Exception as e:  # report it, then fail like any rank would
         out.write_text(json.dumps({"rank": rank, "error": f"{type(e).__name__}: {e}"}))
         dist.barrier()  # every rank has written its message before torchrun stops the job

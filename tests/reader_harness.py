@@ -112,12 +112,12 @@ def changed_file(folder: Path, workers: int, how: str) -> dict:
     ds = GatedDataset(path, SEQ_LEN)
     ds.gate = str(folder / f"gate_{how}_{workers}")
     extra = {"multiprocessing_context": "fork"} if workers else {}
-    loader = DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=nd.collate_windows, **extra)
+    loader = DataLoader(ds, batch_size=BATCH, num_workers=workers, **extra)
     it = iter(loader)
     first = next(it)
     _change(path, how)
     Path(ds.gate).touch()
-    result = {"first_batch_starts": first.windows[:, 0].tolist(), "path": str(path)}
+    result = {"first_batch_starts": first[0][:, 0].tolist(), "path": str(path)}
     result.update(_outcome(lambda: sum(1 for _ in it)))
     del it, loader
     gc.collect()
@@ -128,7 +128,7 @@ def changed_file(folder: Path, workers: int, how: str) -> dict:
 def killed_worker(folder: Path) -> dict:
     path = write_tokens(folder / "killed.npy", np.arange(20_000, dtype=np.uint32), sidecar=False)
     loader = DataLoader(KillsItsWorker(path, SEQ_LEN), batch_size=BATCH, num_workers=2,
-                        multiprocessing_context="fork", collate_fn=nd.collate_windows)  # fmt: skip
+                        multiprocessing_context="fork")  # fmt: skip
     start = time.monotonic()
     result = _outcome(lambda: sum(1 for _ in loader))
     result["seconds"] = time.monotonic() - start
@@ -141,7 +141,7 @@ def killed_worker(folder: Path) -> dict:
 def hung_read(folder: Path) -> dict:
     path = write_tokens(folder / "hung.npy", np.arange(20_000, dtype=np.uint32), sidecar=False)
     loader = DataLoader(HangsOnce(path, SEQ_LEN), batch_size=BATCH, num_workers=2, timeout=1,
-                        multiprocessing_context="fork", collate_fn=nd.collate_windows)  # fmt: skip
+                        multiprocessing_context="fork")  # fmt: skip
     start = time.monotonic()
     result = _outcome(lambda: sum(1 for _ in loader))
     result["seconds"] = time.monotonic() - start

@@ -386,8 +386,7 @@ def test_a_stalled_read_hits_the_dataloader_timeout(reader_outcomes):
 def test_a_worker_error_names_the_worker_the_index_and_the_file(tmp_path):
     path = write_tokens(tmp_path / "tokens.npy", np.arange(1000, dtype=np.uint16))
     ds = nd.NpyTokensDataset(path, 10)  # 99 windows
-    loader = DataLoader(ds, batch_size=2, sampler=[0, 1, 2, 500, 3, 4], num_workers=2, multiprocessing_context="fork",
-                        collate_fn=nd.collate_windows)  # fmt: skip
+    loader = DataLoader(ds, batch_size=2, sampler=[0, 1, 2, 500, 3, 4], num_workers=2, multiprocessing_context="fork")  # fmt: skip
     with pytest.raises(IndexError) as info:
         list(loader)
     message = str(info.value)
@@ -412,7 +411,7 @@ def _gone(pids: set[int], timeout: float = 20.0) -> bool:
 def test_breaking_early_and_deleting_the_loader_stop_the_workers(tmp_path):
     ds = nd.NpyTokensDataset(write_tokens(tmp_path / "t.npy", np.arange(20_000, dtype=np.uint16)), 16)
     before = _worker_pids()
-    loader = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=nd.collate_windows)
+    loader = DataLoader(ds, batch_size=8, num_workers=2)
     for _ in loader:
         break  # a plain loader: leaving the loop drops the iterator, and with it the workers
     gc.collect()

@@ -109,7 +109,7 @@ def test_batched_gather_equals_item_by_item(arange_file):
     rng = np.random.default_rng(0)
     for ds in cases:
         keys = [(int(e), int(i)) for e, i in zip(rng.integers(0, 5, 40), rng.integers(-len(ds), len(ds), 40))]
-        x, y = nd.collate_windows(ds.__getitems__(keys))
+        x, y = ds[keys]
         assert x.dtype == y.dtype == torch.int64 and x.is_contiguous() and y.is_contiguous()
         assert torch.equal(x, torch.stack([ds[k][0] for k in keys]))
         assert torch.equal(y, torch.stack([ds[k][1] for k in keys]))
@@ -123,44 +123,41 @@ def test_a_batch_of_bad_indices_names_the_bad_one(arange_file):
                      ([True, 1], TypeError), ([(0, 1, 2)], TypeError), ([2**70], IndexError)]:  # fmt: skip
         with pytest.raises(err):
             ds.__getitems__(bad)
-    x, _ = nd.collate_windows(ds.__getitems__([np.int64(2), -1, torch.tensor(0)]))
+    x, _ = ds[[np.int64(2), -1, torch.tensor(0)]]
     assert x[:, 0].tolist() == [18, 90, 0]
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
-def test_compact_batches_widen_exactly_on_any_path(tmp_path, dtype):
+def test_batches_widen_ids_with_the_top_bit_set_exactly(tmp_path, dtype):
     top = np.iinfo(dtype).max  # ids with the sign bit set would turn negative in a signed widening
     tokens = (top - np.arange(3000, dtype=np.int64)).astype(dtype)
     ds = nd.NpyTokensDataset(write_tokens(tmp_path / "hi.npy", tokens), 16)
-    batch = nd.collate_windows(ds.__getitems__([0, 5, 100]))
-    assert isinstance(batch, nd.TokenBatch) and batch.windows.shape == (3, 17)
-    x, y = batch
-    assert x[0, 0].item() == top and x.dtype == torch.int64 and torch.equal(y[:, :-1], x[:, 1:])
-    assert all(torch.equal(a, b) for a, b in zip(nd.to_device(batch, "cpu"), (x, y)))
-    assert all(torch.equal(a, b) for a, b in zip(nd._widen_on_device(batch.windows), (x, y)))
-    moved = batch.to("cpu")  # what Lightning's and Accelerate's batch movers call: the compact ids move
-    assert isinstance(moved, nd.TokenBatch) and moved.windows.dtype == batch.windows.dtype
-    assert all(torch.equal(a, b) for a, b in zip(moved, (x, y)))
+    x, y = ds[[0, 5, 100]]
+    assert x.shape == y.shape == (3, 16) and x.dtype == y.dtype == torch.int64
+    assert x[0, 0].item() == top and x[1, 0].item() == top - 80 and torch.equal(y[:, :-1], x[:, 1:])
+    assert all(torch.equal(a, b) for a, b in zip(nd.to_device((x, y), "cpu"), (x, y)))
 
 
-@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
-def test_token_batches_cross_processes_by_value_when_small(tmp_path, dtype):
-    tokens = (np.iinfo(dtype).max - np.arange(300_000, dtype=np.int64)).astype(dtype)
-    ds = nd.NpyTokensDataset(write_tokens(tmp_path / "t.npy", tokens), 16)
-    per_row = 17 * np.dtype(dtype).itemsize
-    small = nd.collate_windows(ds.__getitems__(list(range(12))))
-    rows = nd.PICKLE_BY_VALUE_MAX_BYTES // per_row + 1
-    large = nd.collate_windows(ds.__getitems__([i % len(ds) for i in range(rows)]))
-    assert small.windows.nbytes <= nd.PICKLE_BY_VALUE_MAX_BYTES < large.windows.nbytes
-    rebuild, args = small.__reduce__()
-    assert rebuild is nd._token_batch_from_array and isinstance(args[0], np.ndarray)
-    data = pickle.dumps(small)  # a worker's queue pickles with the same __reduce__
-    assert len(data) >= small.windows.nbytes  # the ids travel in the message, not as a shared-memory handle
-    received = pickle.loads(data)
-    assert isinstance(received, nd.TokenBatch) and received.windows.dtype == small.windows.dtype
-    assert torch.equal(received.windows, small.windows) and received.windows.numpy().flags.writeable
-    assert all(torch.equal(a, b) for a, b in zip(received, small))
-    assert large.__reduce__() == (nd.TokenBatch, (large.windows,))  # torch's shared-memory handover
+def test_epoch_and_indices_index_a_batch(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(5000), 17, mode="random", seed=3)
+    indices = np.array([4, 0, 7, -1])
+    x, y = ds[2, indices]  # what EpochSampler(batch_size=...) hands a DataLoader
+    pairs = ds[[(2, int(i)) for i in indices]]
+    assert torch.equal(x, pairs[0]) and torch.equal(y, pairs[1])
+    assert torch.equal(x[3], ds[2, len(ds) - 1][0])  # a negative index counts from the end
+    assert not torch.equal(x, ds[3, indices][0])  # another epoch, other random starts
+    for bad, err in [((2, np.array([len(ds)])), IndexError), ((2, [0, len(ds)]), IndexError), ((-1, indices), ValueError),
+                     ((2, [(0, 1)]), TypeError), ((2, np.array([1.5])), TypeError)]:  # fmt: skip
+        with pytest.raises(err):
+            ds[bad]
+
+
+def test_negative_indices_in_a_batch_are_the_windows_they_name(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(1000), 8)  # 124 windows: window -1 starts at 8 * 123
+    for keys in ([-1, -124, 3], np.array([-1, -124, 3]), [(0, -1), (0, -124), (0, 3)]):
+        x, _ = ds[keys]
+        assert x[:, 0].tolist() == [984, 0, 24], keys
+    assert [x[:, 0].tolist() for x, _ in DataLoader(ds, batch_size=3, sampler=[-1, -124, 3])] == [[984, 0, 24]]
 
 
 def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
@@ -171,27 +168,21 @@ def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_plain_dataloader_yields_compact_batches_equal_to_the_item_path(arange_file, workers):
+def test_plain_dataloader_batches_equal_the_item_path(arange_file, workers):
     ds = nd.NpyTokensDataset(arange_file(3000, dtype=np.uint16), 31, mode="random", num_samples=40, seed=2)
     plain = list(DataLoader(ds, batch_size=8, num_workers=workers))  # default_collate, as copied code writes it
-    assert all(isinstance(b, nd.TokenBatch) and b.windows.dtype == torch.uint16 for b in plain)
-    items = list(DataLoader(ds, batch_size=8, collate_fn=lambda samples: torch.utils.data.default_collate(list(samples))))
     per_item = [torch.utils.data.default_collate([ds[i] for i in range(k, k + 8)]) for k in range(0, 40, 8)]
-    for batch, listed, reference in zip(plain, items, per_item):
-        x, y = batch
-        assert len(batch) == 2 and batch[0] is x and batch[1] is y  # widened once, read like [x, y]
-        assert isinstance(listed, list) and all(torch.equal(a, b) for a, b in zip(listed, reference))
+    assert len(plain) == len(per_item) == 5
+    for (x, y), reference in zip(plain, per_item):
         assert torch.equal(x, reference[0]) and torch.equal(y, reference[1]) and x.dtype == torch.int64
 
 
 def test_samples_read_one_by_one_are_the_items(arange_file):
     ds = nd.NpyTokensDataset(arange_file(3000), 31)
     samples = ds.__getitems__([4, 0, 7])
-    first = samples[0]  # alone, before the batch is widened
-    assert all(torch.equal(a, b) for a, b in zip(first, ds[4]))
+    assert len(samples) == 3
     for (x, y), i in zip(samples, [4, 0, 7]):  # what a custom collate function that loops over samples sees
-        assert torch.equal(x, ds[i][0]) and torch.equal(y, ds[i][1])
-    assert repr(nd.collate_windows(samples)) == "TokenBatch(windows of shape (3, 32), torch.uint32)"
+        assert torch.equal(x, ds[i][0]) and torch.equal(y, ds[i][1]) and x.shape == (31,)
 
 
 def test_index_types(arange_file):
@@ -229,7 +220,7 @@ def test_worker_count_and_start_method_do_not_change_batches(arange_file, contex
     def loader(workers):
         extra = {"multiprocessing_context": context, "persistent_workers": True} if workers else {}
         return DataLoader(ds, batch_size=8, sampler=nd.EpochSampler(ds, seed=3), num_workers=workers,
-                          collate_fn=nd.collate_windows, **extra)  # fmt: skip
+                          **extra)  # fmt: skip
 
     reference = _batches(loader(0))
     assert len(reference[0]) == 12
@@ -271,12 +262,6 @@ def test_make_dataloaders(arange_file):
         nd.make_dataloaders([1, 2, 3], val, batch_size=4)
 
 
-def test_default_num_workers_is_sized_to_the_machine():
-    workers = nd.default_num_workers()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert workers == (0 if cores < 4 or os.name == "nt" else min(4, cores // 2))
-
-
 def test_to_device_on_cpu():
     x, y = nd.to_device((torch.arange(4), torch.arange(4) + 1), "cpu")
     assert x.device.type == "cpu" and y.tolist() == [1, 2, 3, 4]
@@ -287,13 +272,11 @@ def test_to_device_on_cpu():
 def test_pinned_batches_reach_the_gpu(arange_file):
     ds = nd.NpyTokensDataset(arange_file(5000, dtype=np.uint16), 32)
     train, _ = nd.make_dataloaders(ds, ds, batch_size=4, num_workers=0)
-    batch = next(iter(train))
-    assert batch.windows.is_pinned()
-    xg, yg = nd.to_device(batch, "cuda")
-    x, y = batch
-    assert xg.is_cuda and torch.equal(yg[:, :-1].cpu(), x[:, 1:])
-    xm, ym = batch.to("cuda", non_blocking=True)  # moved compact, widened on the GPU when unpacked
-    assert xm.is_cuda and xm.dtype == torch.int64 and torch.equal(xm.cpu(), x) and torch.equal(ym.cpu(), y)
+    x, y = next(iter(train))
+    assert x.is_pinned() and y.is_pinned() and x.dtype == torch.int64
+    xg, yg = nd.to_device((x, y), "cuda")
+    torch.cuda.synchronize()
+    assert xg.is_cuda and torch.equal(xg.cpu(), x) and torch.equal(yg[:, :-1].cpu(), x[:, 1:])
 
 
 # --- bad input --------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def test_every_format_reads_back_the_same_tokens_and_windows(tmp_path, dtype):
         for i in (0, 1, len(ds) // 2, len(ds) - 1):
             x, y = ds[i]
             assert x.tolist() == expected[i][:-1].tolist() and y.tolist() == expected[i][1:].tolist(), (name, i)
-        x, y = nd.collate_windows(ds.__getitems__(list(range(len(ds)))))
+        x, y = ds[list(range(len(ds)))]
         assert torch.equal(torch.cat([x, y[:, -1:]], dim=1), torch.from_numpy(np.stack(expected))), name
 
 
@@ -155,7 +155,7 @@ def test_files_share_one_index_space_in_order(tmp_path, how):
     assert len(ds) == sum(s["windows"] for s in summary)
     rng = np.random.default_rng(1)
     keys = [(int(e), int(i)) for e, i in zip(rng.integers(0, 3, 50), rng.integers(-len(ds), len(ds), 50))]
-    x, y = nd.collate_windows(ds.__getitems__(keys))  # the batched path finds the same files
+    x, y = ds[keys]  # the batched path finds the same files
     assert torch.equal(x, torch.stack([ds[k][0] for k in keys])) and torch.equal(y, torch.stack([ds[k][1] for k in keys]))
     backwards = nd.NpyTokensDataset([paths[2], paths[1], paths[0]], SEQ)  # the list's order, not the names'
     assert [backwards[i][0][0].item() for i in range(len(backwards))] == starts[12:] + starts[:12]
@@ -167,7 +167,7 @@ def test_epoch_offsets_and_two_d_rows_never_cross_a_boundary(tmp_path):
     assert len(ds) == (100 - SEQ) // SEQ + (61 - SEQ) // SEQ
     offsets = set()
     for epoch in range(12):
-        x, y = nd.collate_windows(ds.__getitems__([(epoch, i) for i in range(len(ds))]))
+        x, y = ds[[(epoch, i) for i in range(len(ds))]]
         offsets.add(x[0, 0].item())
         for i in range(len(ds)):
             assert_window_inside(x[i], y[i], RANGES)
@@ -176,7 +176,7 @@ def test_epoch_offsets_and_two_d_rows_never_cross_a_boundary(tmp_path):
     row_ranges = [(30_000 + 20 * r, 30_020 + 20 * r) for r in range(3)]
     for mode, extra in (("windows", {}), ("random", {"num_samples": 400})):
         ds = nd.NpyTokensDataset([paths[0], rows], SEQ, mode=mode, **extra)
-        x, y = nd.collate_windows(ds.__getitems__(list(range(len(ds)))))
+        x, y = ds[list(range(len(ds)))]
         for i in range(len(ds)):
             assert_window_inside(x[i], y[i], RANGES[:1] + row_ranges)
         if mode == "windows":
@@ -199,7 +199,7 @@ def test_bad_file_sets_are_refused(tmp_path):
 
 def test_random_starts_spread_over_files_by_their_starts(tmp_path):
     ds = nd.NpyTokensDataset(write_parts(tmp_path), SEQ, mode="random", num_samples=4000, seed=5)
-    x, y = nd.collate_windows(ds.__getitems__(list(range(len(ds)))))
+    x, y = ds[list(range(len(ds)))]
     for i in range(len(ds)):
         assert_window_inside(x[i], y[i], RANGES)
     starts = x[:, 0].numpy()
@@ -214,7 +214,7 @@ def test_random_starts_spread_over_files_by_their_starts(tmp_path):
 
 def test_pickles_small_and_workers_give_the_same_batches(tmp_path):
     one = nd.NpyTokensDataset(write_tokens(tmp_path / "one.npy", np.arange(100_000, dtype=np.uint32)), SEQ)
-    nd.collate_windows(one.__getitems__([0, 1]))  # open the memmap and build the tables first
+    one[[0, 1]]  # open the memmap and build the tables first
     assert len(pickle.dumps(one)) < 1024
     paths = write_parts(tmp_path)
     ds = nd.NpyTokensDataset(paths, SEQ, mode="random", num_samples=60, seed=2)
@@ -223,11 +223,11 @@ def test_pickles_small_and_workers_give_the_same_batches(tmp_path):
     blob = pickle.dumps(ds)
     assert len(blob) < 1024 + 300 * len(paths)  # paths and shapes, never the mapped data
     clone = pickle.loads(blob)
-    assert clone._maps == {} and clone._tables is None and torch.equal(clone[(4, 7)][0], ds[(4, 7)][0])
+    assert clone._maps == {} and torch.equal(clone[(4, 7)][0], ds[(4, 7)][0])
 
     def batches(workers):
         sampler = nd.EpochSampler(ds, seed=1, batch_size=7)
-        loader = DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=nd.collate_windows)
+        loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers)
         return [[x.tolist() for x, _ in loader] for _ in range(2)]
 
     reference = batches(0)
@@ -246,7 +246,7 @@ def one_epoch(sampler: nd.EpochSampler) -> tuple[list[tuple[int, int]], int]:
             items.append(got)
         else:
             batches += 1
-            items.extend(got)
+            items.extend((got[0], int(i)) for i in got[1])
     return items, batches
 
 
@@ -308,7 +308,7 @@ def test_rank_batches_do_not_depend_on_workers(tmp_path):
 
     def rank_windows(rank, workers):
         sampler = nd.EpochSampler(ds, seed=4, batch_size=4, world_size=3, rank=rank, remainder="pad")
-        loader = DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=nd.collate_windows)
+        loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers)
         return [x[:, 0].tolist() for x, _ in loader]
 
     per_rank = [rank_windows(r, 0) for r in range(3)]
@@ -339,8 +339,8 @@ def test_distributed_sampler_indices_are_windows_of_epoch_zero(tmp_path):
         sampler.set_epoch(1)  # a new order of the indices; each plain index is still epoch 0's window
         indices = list(sampler)
         x = torch.cat([x for x, _ in DataLoader(ds, batch_size=4, sampler=sampler)])
-        epoch0, _ = nd.collate_windows(ds.__getitems__([(0, i) for i in indices]))
-        epoch1, _ = nd.collate_windows(ds.__getitems__([(1, i) for i in indices]))
+        epoch0, _ = ds[[(0, i) for i in indices]]
+        epoch1, _ = ds[[(1, i) for i in indices]]
         assert torch.equal(x, epoch0) and not torch.equal(x, epoch1)
         seen += indices
     assert sorted(set(seen)) == list(range(len(ds))) and len(seen) == 42  # 40 windows, 2 repeated to fill 3 ranks
@@ -421,7 +421,7 @@ def resume_in_fresh_process(jobs: list[dict]) -> list[dict]:
 
 
 def test_resume_in_a_fresh_process_continues_exactly(resume_job):
-    reference = resume_worker.record(resume_worker.build_loader(resume_job), EPOCHS)
+    reference = resume_worker.record(resume_worker.build_loader(resume_job), EPOCHS)[0]
     assert len(reference) == 6 * EPOCHS and [len(b) for b in reference[:6]] == [4, 4, 4, 4, 4, 2]
     assert len({b[0][0] % 5 for b in reference}) > 1  # each epoch has its own offset: the epoch matters
     stops = [1, 5, 6, 7, 13, 17]  # 5 | 6: just before | after the end of epoch 0, 7: first of epoch 1
@@ -429,11 +429,11 @@ def test_resume_in_a_fresh_process_continues_exactly(resume_job):
     for workers in (0, 2):
         job = {**resume_job, "num_workers": workers}
         if workers:
-            assert resume_worker.record(resume_worker.build_loader(job), EPOCHS) == reference
+            assert resume_worker.record(resume_worker.build_loader(job), EPOCHS)[0] == reference
         for k in stops:
             loader = resume_worker.build_loader(job)
-            assert resume_worker.record(loader, EPOCHS, stop_after=k) == reference[:k]
-            state = loader.state_dict()
+            batches, state = resume_worker.record(loader, EPOCHS, stop_after=k)
+            assert batches == reference[:k]
             assert json.loads(json.dumps(state)) == state and len(json.dumps(state)) < 2048
             assert (state["epoch"], state["position"]) == (k // 6, 4 * (k % 6))  # 4 windows a batch
             jobs.append({**job, "state": json.dumps(state), "k": k})
@@ -446,8 +446,8 @@ def test_resume_in_a_fresh_process_continues_exactly(resume_job):
         k = job["k"]
         assert result["batches"] == reference[k : k + 3]
         loader = resume_worker.build_loader(job)
-        loader.load_state_dict(json.loads(result["state"]))
-        assert resume_worker.record(loader, EPOCHS) == reference[k + 3 :]
+        loader.sampler.load_state_dict(json.loads(result["state"]))
+        assert resume_worker.record(loader, EPOCHS)[0] == reference[k + 3 :]
 
 
 def flat_epochs(batches: list[list[list[int]]], per_epoch: list[int]) -> list[list[int]]:
@@ -463,27 +463,27 @@ def test_resume_with_another_batch_or_world_size_continues_at_the_same_position(
     """The state is a global position p in the epoch's order: the windows all ranks took so far.
     A loader with another batch size or world size starts at item p of the same epoch, its ranks
     split the rest of the epoch as usual, and later epochs are the same windows regrouped."""
-    reference = resume_worker.record(resume_worker.build_loader(resume_job), EPOCHS)
+    reference = resume_worker.record(resume_worker.build_loader(resume_job), EPOCHS)[0]
     windows = flat_epochs(reference, [6] * EPOCHS)  # epoch e: its 22 windows in order
     loader = resume_worker.build_loader(resume_job)
-    resume_worker.record(loader, EPOCHS, stop_after=2)
-    state = loader.state_dict()
+    state = resume_worker.record(loader, EPOCHS, stop_after=2)[1]
     assert (state["epoch"], state["position"]) == (0, 8)
     smaller = resume_worker.build_loader({**resume_job, "sampler": {**resume_job["sampler"], "batch_size": 3}})
-    smaller.load_state_dict(state)
-    rest = resume_worker.record(smaller, EPOCHS)
+    smaller.sampler.load_state_dict(state)
+    rest = resume_worker.record(smaller, EPOCHS)[0]
     assert [len(b) for b in rest[:5]] == [3, 3, 3, 3, 2]  # 14 windows left in epoch 0
     assert flat_epochs(rest, [5, 8, 8]) == [windows[0][8:], windows[1], windows[2]]
     # two ranks stop after one batch each: 8 windows taken, the same state on both
     pair = [resume_worker.build_loader({**resume_job, "sampler": {**resume_job["sampler"], "world_size": 2, "rank": r}})
             for r in range(2)]  # fmt: skip
-    taken = [resume_worker.record(loader, EPOCHS, stop_after=1)[0] for loader in pair]
-    assert pair[0].state_dict() == pair[1].state_dict() == state
+    taken, states = zip(*(resume_worker.record(loader, EPOCHS, stop_after=1) for loader in pair))
+    taken = [b[0] for b in taken]
+    assert states[0] == states[1] == state == pair[0].sampler.state_dict()  # 0 workers: handed out = received
     assert sorted(row[0] for b in taken for row in b) == sorted(windows[0][:8])
     three = []  # resume on three ranks: together they take the rest of epoch 0, less 14 % 3 dropped
     for r in range(3):
         loader = resume_worker.build_loader({**resume_job, "sampler": {**resume_job["sampler"], "world_size": 3, "rank": r}})
-        loader.load_state_dict(state)
+        loader.sampler.load_state_dict(state)
         three.append([row[0] for x, _ in loader for row in x.tolist()])  # the rest of epoch 0
     assert [len(t) for t in three] == [4, 4, 4]
     assert [three[r][j] for j in range(4) for r in range(3)] == windows[0][8:20]
@@ -491,8 +491,7 @@ def test_resume_with_another_batch_or_world_size_continues_at_the_same_position(
 
 def test_resume_refuses_a_state_from_other_windows(tmp_path, resume_job):
     loader = resume_worker.build_loader(resume_job)
-    resume_worker.record(loader, EPOCHS, stop_after=2)
-    state = json.loads(json.dumps(loader.state_dict()))
+    state = json.loads(json.dumps(resume_worker.record(loader, EPOCHS, stop_after=2)[1]))
     other_file = write_tokens(tmp_path / "other.npy", np.arange(115, dtype=np.uint16))
     second_file = write_tokens(tmp_path / "second.npy", np.arange(50, dtype=np.uint16))
     cases = [
@@ -506,15 +505,16 @@ def test_resume_refuses_a_state_from_other_windows(tmp_path, resume_job):
     for change, expected in cases:
         other = resume_worker.build_loader({**resume_job, **change})
         with pytest.raises(ValueError) as info:
-            other.load_state_dict(state)
+            other.sampler.load_state_dict(state)
         assert expected in str(info.value), (change, str(info.value))
     random = {**resume_job, "dataset": {"mode": "random", "num_samples": 40}}
     loader = resume_worker.build_loader(random)
     with pytest.raises(ValueError, match="num_samples is 40 in the saved state, 41 in this dataset"):
-        resume_worker.build_loader({**random, "dataset": {"mode": "random", "num_samples": 41}}).load_state_dict(loader.state_dict())
+        resume_worker.build_loader({**random, "dataset": {"mode": "random", "num_samples": 41}}).sampler.load_state_dict(
+            loader.sampler.state_dict())
     for bad in ({**state, "position": 22}, {**state, "epoch": -1}, {**state, "format": "other"}):
         with pytest.raises((ValueError, TypeError)):
-            resume_worker.build_loader(resume_job).load_state_dict(bad)
+            resume_worker.build_loader(resume_job).sampler.load_state_dict(bad)
 
 
 def test_make_dataloaders_resume_across_the_epoch_end(tmp_path):
@@ -523,24 +523,33 @@ def test_make_dataloaders_resume_across_the_epoch_end(tmp_path):
         val = nd.NpyTokensDataset(write_tokens(tmp_path / "val.npy", np.arange(40, dtype=np.uint16)), 5)
         return nd.make_dataloaders(train, val, batch_size=5, num_workers=0, seed=6)
 
-    reference = resume_worker.record(loaders()[0], 2)
+    reference = resume_worker.record(loaders()[0], 2)[0]
     assert len(reference) == 8 and reference[:4] != reference[4:]  # 23 windows: 4 batches of 5, 3 dropped
     for k in (3, 4, 5):  # before the end of epoch 0, at it (its dropped windows are skipped), after
         train, _ = loaders()
-        assert resume_worker.record(train, 2, stop_after=k) == reference[:k]
-        state = json.loads(json.dumps(train.state_dict()))
+        batches, state = resume_worker.record(train, 2, stop_after=k)
+        assert batches == reference[:k] and json.loads(json.dumps(state)) == state == train.sampler.state_dict()
         assert (state["epoch"], state["position"]) == divmod(5 * k, 20)
         again, _ = loaders()
-        again.load_state_dict(state)
-        assert again.state_dict() == state  # nothing moves before the next iteration
-        assert resume_worker.record(again, 2) == reference[k:]
+        again.sampler.load_state_dict(state)
+        assert again.sampler.state_dict() == state  # nothing moves before the next iteration
+        assert resume_worker.record(again, 2)[0] == reference[k:]
 
 
-def test_resumable_loader_needs_a_batch_sampler(arange_file):
-    ds = nd.NpyTokensDataset(arange_file(200), 8)
-    loader = nd.ResumableDataLoader(ds, batch_sampler=nd.EpochSampler(ds))  # items, not batches
-    with pytest.raises(TypeError, match=r"batch_sampler=EpochSampler\(dataset, batch_size=...\)"):
-        iter(loader)
+def test_a_state_counts_what_the_loop_received_not_what_workers_fetched(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(200), 8)  # 24 windows
+    loader = DataLoader(ds, sampler=nd.EpochSampler(ds, batch_size=4, shuffle=False), batch_size=None, num_workers=2)
+    batches = iter(loader)
+    next(batches)  # the workers have fetched ahead by now: the sampler handed out more than one batch
+    assert loader.sampler.state_dict(consumed=1)["position"] == 4
+    assert loader.sampler.state_dict()["position"] > 4
+    with pytest.raises(ValueError, match=r"consumed=7, but the latest pass has only 6 batches; count the batches of "
+                                         r"the current pass \(enumerate\(loader, 1\)\), not a global step"):
+        loader.sampler.state_dict(consumed=7)
+    del batches
+    fresh = nd.EpochSampler(ds, batch_size=4)
+    with pytest.raises(ValueError, match="consumed=1, but no pass over this sampler has started"):
+        fresh.state_dict(consumed=1)
 
 
 # --- 6. laziness ------------------------------------------------------------------------------
@@ -557,7 +566,7 @@ def test_iterators_made_and_dropped_do_not_skip_epochs(tmp_path, persistent):
     def two_epochs(workers):
         sampler = nd.EpochSampler(ds, seed=2, batch_size=6)
         extra = {"persistent_workers": persistent} if workers else {}
-        loader = DataLoader(ds, batch_sampler=sampler, num_workers=workers, collate_fn=nd.collate_windows, **extra)
+        loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers, **extra)
         batches = [[x.tolist() for x, _ in loader] for _ in range(2)]
         return batches, sampler.epoch
 
@@ -576,7 +585,7 @@ def test_any_stop_point_is_a_global_position_the_next_run_starts_from(n, world, 
     ranks = [nd.EpochSampler(range(n), seed=3, batch_size=batch_size, world_size=world, rank=r) for r in range(world)]
     k = data.draw(st.integers(0, len(ranks[0])), label="batches taken on each rank")
     iters = [iter(s) for s in ranks]
-    took = sorted(i for it in iters for _ in range(k) for _, i in next(it))
+    took = sorted(int(i) for it in iters for _ in range(k) for i in next(it)[1])
     states = [s.state_dict() for s in ranks]
     assert all(s == states[0] for s in states)
     state = states[0]
@@ -589,3 +598,16 @@ def test_any_stop_point_is_a_global_position_the_next_run_starts_from(n, world, 
         resumed = nd.EpochSampler(range(n), seed=3)  # one rank now: it takes the whole rest
         resumed.load_state_dict(state)
         assert [(e, i) for e, i in resumed] == [(0, i) for i in order[position:]]
+
+
+# --- 7. the example's backend on machines with fewer GPUs than ranks -----------------------------
+
+
+@pytest.mark.parametrize(("local_ranks", "gpus", "backend"), [(1, 0, "gloo"), (2, 0, "gloo"), (2, 1, "gloo"),
+                                                               (1, 1, "nccl"), (2, 2, "nccl"), (8, 4, "gloo"),
+                                                               (4, 8, "nccl")])  # fmt: skip
+def test_ddp_example_uses_nccl_only_with_a_gpu_per_local_rank(local_ranks, gpus, backend):
+    sys.path.insert(0, str(ROOT / "python_files"))
+    import ddp_example
+
+    assert ddp_example.choose_backend(local_ranks, gpus) == backend  # a one-GPU machine with 2 ranks: gloo
