@@ -13,9 +13,11 @@ Copy this one file into your project: it needs numpy, torch and the standard lib
         x, y = to_device(batch, device)  # int64, (32, 256) each: y is x shifted by one token
         ...  # loss = model(x, y); checkpoint train_loader.sampler.state_dict(consumed=step) with it
 
-Sections follow the data: the file format (.npy + JSON sidecar, llm.c shards, raw .bin), the
-dataset (windows, one batched gather), the sampler (epochs, ranks, resume state), then the loaders
-and the device. Every definition is taught in the notebooks of this repository.
+The public API, in the order the data flows (and the sections of this file):
+    open_tokens(path)                 check a token file (.npy + JSON sidecar, llm.c shard, raw .bin), map it
+    NpyTokensDataset(path, seq_len)   (x, y) windows of one file or many; ds[epoch, indices] is a whole batch
+    EpochSampler(ds, batch_size=B)    a new order each epoch, one share per rank, state_dict() to resume
+    make_dataloaders(train, val, B)   the two DataLoaders; to_device(batch, device) moves a batch
 """
 
 from __future__ import annotations
@@ -70,11 +72,9 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 def token_dtype(n_vocab: int) -> np.dtype:
     """The smallest unsigned dtype that holds every id of a vocabulary of n_vocab tokens."""
-    if _check_int("n_vocab", n_vocab, 1) <= 2**16:  # ids 0 .. n_vocab - 1 all fit in 16 bits
-        return np.dtype("<u2")
-    if n_vocab <= 2**32:
-        return np.dtype("<u4")
-    raise ValueError(f"n_vocab {n_vocab} does not fit uint32 (at most 2**32 ids)")
+    if _check_int("n_vocab", n_vocab, 1) > 2**32:
+        raise ValueError(f"n_vocab {n_vocab} does not fit uint32 (at most 2**32 ids)")
+    return np.dtype("<u2" if n_vocab <= 2**16 else "<u4")  # ids 0 .. n_vocab - 1 all fit
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:
@@ -134,7 +134,7 @@ def read_npy_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...],
         if len(pre) < 8:
             raise TokenFileError(f"{name}: truncated .npy preamble ({size} bytes)")
         if tuple(pre[6:8]) not in versions:
-            raise TokenFileError(f"{name}: unsupported .npy version {'.'.join(map(str, pre[6:8]))}; expected 1.0, 2.0 or 3.0")
+            raise TokenFileError(f"{name}: unsupported .npy version {pre[6]}.{pre[7]}; expected 1.0, 2.0 or 3.0")
         len_bytes, encoding = versions[tuple(pre[6:8])]
         if len(raw := f.read(len_bytes)) < len_bytes:
             raise TokenFileError(f"{name}: truncated .npy header ({size} bytes)")
@@ -169,9 +169,9 @@ def read_npy_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...],
 
 
 SIDECAR_FIELDS = {
-    "format": str, "format_version": int, "file": str, "layout": str, "dtype": str, "shape": list,
-    "n_tokens": int, "file_size": int, "sha256": str, "tokenizer": str, "n_vocab": int, "eot_id": int,
-    "eot_placement": str, "max_token_id": int,
+    "format": str, "format_version": int, "file": str, "layout": str, "dtype": str, "shape": list, "n_tokens": int,
+    "file_size": int, "sha256": str, "tokenizer": str, "n_vocab": int, "eot_id": int, "eot_placement": str,
+    "max_token_id": int,
 }  # fmt: skip
 
 
@@ -205,21 +205,20 @@ def _read_llmc_header(path: Path, magic: int, size: int) -> FileLayout:
                              "known: 20240520 (version 1, uint16) and 20240801 (version 7, uint32)")  # fmt: skip
     if size < LLMC_HEADER_BYTES:
         raise TokenFileError(f"{name}: truncated llm.c header: need {LLMC_HEADER_BYTES} bytes, file has {size}")
-    (version, dtype), found = LLMC_FORMATS[magic], np.fromfile(path, dtype="<i4", count=3)
-    if found[1] != version:
-        raise TokenFileError(f"{name}: llm.c magic {magic} goes with version {version}, found version {found[1]}")
-    if found[2] <= 0:
-        raise TokenFileError(f"{name}: llm.c header declares {found[2]} tokens; a shard holds at least one")
-    expected = LLMC_HEADER_BYTES + int(found[2]) * dtype.itemsize
-    if expected != size:
-        raise TokenFileError(f"{name}: llm.c header declares {found[2]} tokens of {dtype.name} ({expected} bytes with "
+    (version, dtype), (_, found, count) = LLMC_FORMATS[magic], np.fromfile(path, dtype="<i4", count=3).tolist()
+    if found != version:
+        raise TokenFileError(f"{name}: llm.c magic {magic} goes with version {version}, found version {found}")
+    if count <= 0:
+        raise TokenFileError(f"{name}: llm.c header declares {count} tokens; a shard holds at least one")
+    if (expected := LLMC_HEADER_BYTES + count * dtype.itemsize) != size:
+        raise TokenFileError(f"{name}: llm.c header declares {count} tokens of {dtype.name} ({expected} bytes with "
                              f"the header), but the file has {size} bytes")  # fmt: skip
-    return FileLayout("llmc", dtype, (int(found[2]),), LLMC_HEADER_BYTES)
+    return FileLayout("llmc", dtype, (count,), LLMC_HEADER_BYTES)
 
 
 def _file_layout(path: Path, dtype: Any, meta: dict[str, Any] | None) -> FileLayout:
     """A file's layout, from its first bytes: the .npy magic, an llm.c magic, or else raw ids whose
-    dtype comes from the argument or the sidecar. A sidecar that says "bin" always means raw ids."""
+    dtype comes from the sidecar or the argument. A sidecar that says "bin" always means raw ids."""
     name, size = repr(str(path)), _file_size(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -242,35 +241,14 @@ def _file_layout(path: Path, dtype: Any, meta: dict[str, Any] | None) -> FileLay
     return found
 
 
-def _check_sidecar(path: Path, meta: dict[str, Any], found: FileLayout, verify: bool) -> None:
-    """Refuse a sidecar that disagrees with the file it describes, naming the field."""
-    side = str(sidecar_path(path))
-    actual = {"layout": found.layout, "dtype": found.dtype.name, "shape": list(found.shape),
-              "n_tokens": int(np.prod(found.shape, dtype=object)), "file_size": os.stat(path).st_size}  # fmt: skip
-    for key, value in actual.items():
-        if meta[key] != value:
-            raise TokenFileError(f"sidecar {side!r} disagrees with {str(path)!r}: {key} is {meta[key]!r} in the "
-                                 f"sidecar, {value!r} in the file; re-run the prep step")  # fmt: skip
-    for key in ("max_token_id", "eot_id"):
-        if not 0 <= meta[key] < meta["n_vocab"]:
-            raise TokenFileError(f"sidecar {side!r}: {key} {meta[key]} is outside the vocabulary (n_vocab {meta['n_vocab']})")
-    with open(path, "rb") as f:
-        if verify and hashlib.file_digest(f, "sha256").hexdigest() != meta["sha256"]:
-            raise TokenFileError(f"{str(path)!r}: sha256 differs from the sidecar's; the file is damaged or was replaced")
-
-
 def open_tokens(path: str | os.PathLike, dtype: Any = None, *, vocab_size: int | None = None,
                 verify: bool = False) -> np.memmap:  # fmt: skip
     """Open a token file as a read-only memmap, after checking it and its sidecar.
 
-    The format is found from the file: a .npy file, an llm.c / modded-nanogpt shard (magic 20240520
-    for uint16, 20240801 for uint32), or else a raw headerless file such as nanoGPT's train.bin.
-
-    Args:
-        dtype: needed only for a raw file without a sidecar (np.uint16 for nanoGPT's train.bin).
-        vocab_size: the model's vocabulary size; refuse a file with an id at or past it (the
-            sidecar's max_token_id, or one scan of the file where there is no sidecar).
-        verify: also compare the file's sha256 with the sidecar's (reads the whole file).
+    The format comes from the file's first bytes: .npy, an llm.c / modded-nanogpt shard (magic 20240520
+    for uint16, 20240801 for uint32), or else raw ids such as nanoGPT's train.bin (then dtype= is
+    needed where no sidecar says it). vocab_size refuses a file with an id at or past it (the sidecar's
+    max_token_id, or one scan of the file). verify=True also checks the file's sha256 (a whole read).
     """
     return _open_checked(Path(path), dtype, vocab_size, verify)[0]
 
@@ -280,10 +258,22 @@ def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) 
     _file_size(path)
     meta = read_sidecar(path)
     found = _file_layout(path, dtype, meta)
-    if meta is not None:
-        _check_sidecar(path, meta, found, verify)
-    elif verify:
+    if meta is None and verify:
         raise TokenFileError(f"verify=True needs the sidecar {str(sidecar_path(path))!r}, which is missing")
+    actual = {"layout": found.layout, "dtype": found.dtype.name, "shape": list(found.shape),
+              "n_tokens": int(np.prod(found.shape, dtype=object)), "file_size": os.stat(path).st_size}  # fmt: skip
+    for key in actual if meta is not None else ():  # a sidecar must describe this very file
+        if meta[key] != actual[key]:
+            raise TokenFileError(f"sidecar {str(sidecar_path(path))!r} disagrees with {str(path)!r}: {key} is "
+                                 f"{meta[key]!r} in the sidecar, {actual[key]!r} in the file; re-run the prep step")  # fmt: skip
+    for key in ("max_token_id", "eot_id") if meta is not None else ():
+        if not 0 <= meta[key] < meta["n_vocab"]:
+            raise TokenFileError(f"sidecar {str(sidecar_path(path))!r}: {key} {meta[key]} is outside the vocabulary "
+                                 f"(n_vocab {meta['n_vocab']})")  # fmt: skip
+    if verify:
+        with open(path, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != meta["sha256"]:  # type: ignore[index]
+                raise TokenFileError(f"{str(path)!r}: sha256 differs from the sidecar's; the file is damaged or was replaced")
     tokens = np.memmap(path, dtype=found.dtype, mode="r", offset=found.offset, shape=found.shape)
     if vocab_size is not None:
         top = meta["max_token_id"] if meta is not None else int(tokens.max())  # no sidecar: one scan
@@ -315,15 +305,14 @@ def _expand_paths(path: Any) -> list[str]:
     """One token file, a list of them, or a glob pattern ('data/train_*.npy', sorted by name)."""
     if isinstance(path, (str, os.PathLike)):
         text = os.fspath(path)
-        if any(ch in text for ch in "*?[") and not os.path.exists(text):
-            found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))  # skip the sidecars
-            if not found:
-                raise FileNotFoundError(f"no token file matches the pattern {text!r} (sidecars, *.json, are skipped)")
-            return found
-        return [text]
+        if not any(ch in text for ch in "*?[") or os.path.exists(text):
+            return [text]
+        found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))  # skip the sidecars
+        if not found:
+            raise FileNotFoundError(f"no token file matches the pattern {text!r} (sidecars, *.json, are skipped)")
+        return found
     if isinstance(path, (list, tuple)) and path:
-        bad = [p for p in path if not isinstance(p, (str, os.PathLike))]
-        if bad:
+        if bad := [p for p in path if not isinstance(p, (str, os.PathLike))]:
             raise TypeError(f"path list items must be str or os.PathLike, got {type(bad[0]).__name__} {bad[0]!r}")
         return [os.fspath(p) for p in path]
     raise TypeError(f"path must be a token file, a non-empty list of them or a glob pattern, got {path!r}")
@@ -332,8 +321,7 @@ def _expand_paths(path: Any) -> list[str]:
 def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]) -> None:
     """Warn when shards that the prep step wrote as one set are missing from paths, or repeated."""
     sets: dict[str, tuple[str, int, list[int]]] = {}  # settings fingerprint -> (first path, count, indices)
-    for p, meta in zip(paths, metas):
-        shard = (meta or {}).get("shard")
+    for p, shard, meta in ((p, (m or {}).get("shard"), m) for p, m in zip(paths, metas)):
         if isinstance(shard, dict) and isinstance(shard.get("index"), int) and isinstance(shard.get("count"), int):
             sets.setdefault(str(meta.get("settings_fingerprint")), (p, shard["count"], []))[2].append(shard["index"])  # type: ignore[union-attr]
     for first, count, seen in sets.values():
@@ -341,10 +329,9 @@ def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]
         problems = [f"shard(s) {_ranges(missing)} of {count} missing"] * bool(missing)
         problems += [f"shard(s) {_ranges(twice)} given more than once"] * bool(twice)
         if problems:
-            warnings.warn(f"{first!r} is one of {count} shards written together, but this dataset has "
-                          f"{'; '.join(problems)}. Pass the glob the prep step printed (e.g. "
-                          "'train_[0-9][0-9][0-9][0-9][0-9][0-9].npy') for the whole set, unless a subset is what "
-                          "you want", stacklevel=3)  # fmt: skip
+            warnings.warn(f"{first!r} is one of {count} shards written together, but this dataset has {'; '.join(problems)}. "
+                          "Pass the glob the prep step printed (e.g. 'train_[0-9][0-9][0-9][0-9][0-9][0-9].npy') "
+                          "for the whole set, unless a subset is what you want", stacklevel=3)  # fmt: skip
 
 
 def _ranges(indices: list[int]) -> str:
@@ -362,17 +349,16 @@ def _ranges(indices: list[int]) -> str:
 def _mix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser of x + 2**64 / golden ratio: a well-spread hash of uint64s, in place."""
     x += np.uint64(0x9E3779B97F4A7C15)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
+    for shift, multiplier in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        x ^= x >> np.uint64(shift)
+        x *= np.uint64(multiplier)
     x ^= x >> np.uint64(31)
     return x
 
 
 def _keyed_hash(seed: int, stream: int, epochs: int | np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """A uint64 per index that depends only on (seed, stream, epoch, index): no RNG state, so every
-    worker and every rank computes the same value."""
+    """A uint64 per index from (seed, stream, epoch, index) alone: no RNG state, so every worker and
+    every rank computes the same value."""
     key = _mix64(np.array([(seed * 4 + stream) % 2**64], dtype=np.uint64))
     return _mix64(_mix64(key + np.asarray(epochs).astype(np.uint64)) + indices.astype(np.uint64))
 
@@ -393,19 +379,14 @@ def _open_file_budget(mapped: int) -> int:
 class NpyTokensDataset(Dataset):
     """(x, y) next-token windows, int64 tensors of shape (seq_len,), read from memmapped token files.
 
-    path is one token file, a list of them or a glob pattern (matches sorted by name); the files
-    share one index space, in order, and no window crosses a file boundary (nor a row of a 2-D file:
-    each row is a separate sequence). Per sequence of N tokens:
-
-    mode="windows": window i is tokens[i*seq_len : i*seq_len + seq_len + 1], x its first seq_len
-    tokens and y its last seq_len; there are (N - 1) // seq_len windows. With epoch_offset=True every
-    window of an epoch moves right by one offset in [0, seq_len) drawn from (seed, epoch), and there
-    are (N - seq_len) // seq_len windows. mode="random": num_samples windows (default: as many as
-    mode "windows"), each starting anywhere in [0, N - seq_len - 1] of any sequence, drawn from
-    (seed, epoch, index). A sequence too short for one window adds none.
-
-    ds[i] and ds[epoch, i] give one window (an int alone means epoch 0); ds[epoch, indices] and
-    ds[list of ints or (epoch, i) pairs] give a batch, (B, seq_len) each, gathered in one pass.
+    path: one token file, a list of them or a glob (sorted by name): one index space, in order. No window
+    crosses a file, nor a row of a 2-D file (each row is a sequence). Per sequence of N tokens,
+    mode="windows" has (N - 1) // seq_len windows, window i being tokens[i*seq_len : (i+1)*seq_len + 1]
+    (x its first seq_len, y its last); epoch_offset=True moves every window of an epoch right by one
+    offset in [0, seq_len) drawn from (seed, epoch), leaving (N - seq_len) // seq_len. mode="random" has
+    num_samples windows (default: as many), each starting anywhere in [0, N - seq_len - 1] of any
+    sequence, drawn from (seed, epoch, index). ds[i] and ds[epoch, i] give one window (i alone: epoch 0);
+    ds[epoch, indices] and ds[list of ints or (epoch, i) pairs] give a batch, gathered in one pass.
     """
 
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], seq_len: int, *, mode: str = "windows",
@@ -443,11 +424,10 @@ class NpyTokensDataset(Dataset):
         self._window_cum = np.concatenate(([0], np.cumsum(rows * self._windows_per_row)))  # file f: [cum[f], cum[f+1])
         self._start_cum = np.concatenate(([0], np.cumsum(rows * self._starts_per_row)))
         if self._window_cum[-1] == 0:
-            need = 2 * self.seq_len if epoch_offset else self.seq_len + 1
             where = (f"none of the {len(self.paths)} files holds a window: the longest sequence has" if len(self.paths) > 1
                      else f"{self.paths[0]!r}: {'each row has' if self.files[0].rows > 1 else 'the file has'}")  # fmt: skip
-            raise ValueError(f"{where} {self._row_len.max()} tokens; seq_len={self.seq_len} needs at least {need} "
-                             + ("(two windows, so any offset leaves one)" if epoch_offset else "(one x plus its shifted y)"))  # fmt: skip
+            need = f"{2 * seq_len} (two windows, so any offset leaves one)" if epoch_offset else f"{seq_len + 1} (one x plus its shifted y)"
+            raise ValueError(f"{where} {self._row_len.max()} tokens; seq_len={self.seq_len} needs at least {need}")
         windows = int(self._window_cum[-1])
         self.num_samples = windows if num_samples is None else _check_int("num_samples", num_samples, 1)
         self._maps: dict[int, tuple[np.memmap, np.ndarray]] = {}  # file -> (memmap, window view), oldest first
@@ -465,9 +445,9 @@ class NpyTokensDataset(Dataset):
     def _mapped(self, f: int) -> tuple[np.memmap, np.ndarray]:
         """File f's memmap, and a read-only view of it whose row s is the window of tokens s .. s + seq_len.
 
-        The file is checked on every use: a forked worker inherits the mapping, and reading a mapped
-        file that was truncated in place kills the process with a bus error. The least recently used
-        map is closed at the open-file budget, or when a map fails for want of a descriptor."""
+        The file is checked on every use: a forked worker inherits the mapping, and reading a mapped file
+        that was truncated in place kills the process with a bus error. The least recently used map is
+        closed at the open-file budget, and once more if a map still fails for want of a descriptor."""
         file = self.files[f]
         try:
             same = _identity(file.path) == file.identity
@@ -476,18 +456,18 @@ class NpyTokensDataset(Dataset):
         if not same:
             raise TokenFileError(f"{file.path!r} changed since the dataset was opened (size, inode or mtime differ, "
                                  "or it was removed); build a new dataset after the prep step finishes")  # fmt: skip
-        mapped = self._maps.pop(f, None)  # re-inserted below: a dict keeps insertion order, so last = newest
-        while mapped is None:
-            if len(self._maps) >= _open_file_budget(len(self._maps)):
+        if (mapped := self._maps.pop(f, None)) is None:  # re-inserted below: the newest map is the dict's last
+            while len(self._maps) >= _open_file_budget(len(self._maps)):
                 del self._maps[next(iter(self._maps))]  # the least recently used map and its descriptor go
-            try:
-                tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
-            except OSError as e:
-                if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._maps:
-                    raise TokenFileError(f"{file.path!r} cannot be mapped: {e.strerror} ({len(self._maps)} other token "
-                                         "files mapped); raise the open-file limit (ulimit -n)") from None  # fmt: skip
-                del self._maps[next(iter(self._maps))]  # out of descriptors: close the oldest map, then try again
-                continue
+            for retry in (True, False):
+                try:
+                    tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EMFILE, errno.ENFILE) or not (retry and self._maps):
+                        raise TokenFileError(f"{file.path!r} cannot be mapped: {e.strerror} ({len(self._maps)} other "
+                                             "token files mapped); raise the open-file limit (ulimit -n)") from None  # fmt: skip
+                    del self._maps[next(iter(self._maps))]
             flat, step = np.asarray(tokens), tokens.strides[0]  # asarray: a plain ndarray, without memmap's hooks
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)  # rows overlap, one token apart: no copy
             mapped = tokens, np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
@@ -496,49 +476,42 @@ class NpyTokensDataset(Dataset):
 
     def file_summary(self) -> list[dict[str, Any]]:
         """Per file: tokens, sequences (rows), windows, and tokens no window of mode "windows" uses."""
-        out = []
-        for file, per_row in zip(self.files, self._windows_per_row.tolist()):
-            used = per_row * self.seq_len + 1 if per_row else 0
-            out.append({"path": file.path, "tokens": file.rows * file.row_len, "rows": file.rows,
-                        "windows": file.rows * per_row, "unused_tokens": file.rows * (file.row_len - used)})  # fmt: skip
-        return out
+        return [{"path": f.path, "tokens": f.rows * f.row_len, "rows": f.rows, "windows": f.rows * per_row,
+                 "unused_tokens": f.rows * (f.row_len - (per_row * self.seq_len + 1 if per_row else 0))}
+                for f, per_row in zip(self.files, self._windows_per_row.tolist())]  # fmt: skip
 
     def fingerprint(self) -> dict[str, Any]:
-        """What decides this dataset's windows, for comparing runs and ranks: each file's name, size,
-        dtype, shape and sha256 (from its sidecar, as opened), and the window settings."""
+        """What decides the windows, to compare runs and ranks: each file's name, size, dtype, shape and
+        sha256 (its sidecar's, as opened), and the window settings."""
         files = [{"name": Path(f.path).name, "bytes": f.identity[2], "dtype": self.dtype,
                   "shape": [f.rows, f.row_len], "sha256": f.sha256} for f in self.files]  # fmt: skip
         return {"files": files, "seq_len": self.seq_len, "mode": self.mode, "num_samples": self.num_samples,
                 "seed": self.seed, "epoch_offset": self.epoch_offset}  # fmt: skip
 
     def _keys(self, index: Any) -> tuple[int | np.ndarray, np.ndarray, bool]:
-        """(epochs, indices, is a batch) of a request: epochs one int for all or one per index; indices
-        int64 in [0, num_samples), a negative one counted from the end."""
+        """(epochs, indices, is a batch) of a request, checked: epochs one int for all or one per index;
+        indices int64 in [0, num_samples), a negative one counted from the end."""
         epoch, n = 0, self.num_samples
         if isinstance(index, tuple):
             if len(index) != 2:
                 raise TypeError(f"an index is an int or an (epoch, index) pair, got {index!r}")
             epoch, index = index
-            if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-                problem = ValueError if isinstance(epoch, (int, np.integer)) and not isinstance(epoch, bool) else TypeError
-                raise problem(f"epoch must be an int >= 0, got {type(epoch).__name__} {epoch!r}")
+            if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)):
+                raise TypeError(f"epoch must be an int >= 0, got {type(epoch).__name__} {epoch!r}")
+            if epoch < 0:
+                raise ValueError(f"epoch must be an int >= 0, got {epoch}")
         batch = isinstance(index, (list, np.ndarray))
         if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu" and index.dtype != np.uint64:
             indices = index.astype(np.int64)
-        elif batch and all(type(k) is int for k in index):  # object: an int too large stays exact, to be named
-            indices = np.array(index, dtype=np.int64 if all(-n <= k < n for k in index) else object)
-        elif batch and not epoch:  # (epoch, index) pairs, or something to name: one at a time
-            keys = [self._keys(k) for k in (index.tolist() if isinstance(index, np.ndarray) else index)]
-            return np.array([e for e, _, _ in keys], dtype=np.int64), np.array([i[0] for _, i, _ in keys], dtype=np.int64), True
-        elif isinstance(index, (bool, np.bool_)) or batch:
-            raise TypeError(f"index must be an int, got {index!r:.80}")
+        elif batch and index and not epoch and isinstance(index[0], tuple):  # (epoch, index) pairs
+            keys = [self._keys(k) for k in index]
+            return np.array([k[0] for k in keys], dtype=np.int64), np.concatenate([k[1] for k in keys]), True
         else:
-            try:
-                indices = np.array([operator.index(index)], dtype=object)  # object: an int too large stays exact
-            except TypeError:
-                raise TypeError(f"index must be an int or an (epoch, index) pair, got {type(index).__name__} {index!r}") from None
-        bad = (indices < -n) | (indices >= n)
-        if bad.any():
+            for k in index if batch else [index]:  # bool is an int to Python, never an index here
+                if isinstance(k, (bool, np.bool_)) or not hasattr(k, "__index__"):
+                    raise TypeError(f"index must be an int or an (epoch, index) pair, got {type(k).__name__} {k!r}")
+            indices = np.array([operator.index(k) for k in (index if batch else [index])], dtype=object)  # exact
+        if (bad := (indices < -n) | (indices >= n)).any():
             where = repr(self.paths[0]) + (f" and {len(self.paths) - 1} more files" if len(self.paths) > 1 else "")
             raise IndexError(f"index {indices[bad][0]} is out of range for {n} windows of {where}")
         return int(epoch), (indices % n).astype(np.int64), batch
@@ -554,8 +527,8 @@ class NpyTokensDataset(Dataset):
         return list(zip(*self._gather(epochs, keys)))
 
     def locate(self, epochs: int | np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The file of each window and the position of its first token in that file, from indices in
-        [0, num_samples) and their epochs (one int for all of them, or one per index)."""
+        """Each window's file and the position of its first token in that file, from indices in
+        [0, num_samples) and their epochs (one int for all, or one per index)."""
         windows = self.mode == "windows"
         cum = self._window_cum if windows else self._start_cum
         local = indices if windows else (_keyed_hash(self.seed, 2, epochs, indices) % np.uint64(cum[-1])).astype(np.int64)
@@ -587,49 +560,33 @@ class NpyTokensDataset(Dataset):
 # ---- 3. The sampler: epochs, ranks and resume state --------------------------------------------
 
 SAMPLER_STATE_FORMAT = "npy_datasets.EpochSampler"
+CAUSES_FIRST = ("files", "name", "bytes", "dtype", "shape", "seq_len", "mode", "epoch_offset", "seed")  # report order
 
 
 class EpochSampler(Sampler):
     """A fresh order of a dataset's windows each epoch, for one rank: (epoch, index) pairs, or batches.
 
-    The order of epoch e is a permutation of range(n) drawn from (seed, e) alone (range(n) with
-    shuffle=False), the same on every rank. With world_size W (default: torch.distributed's, once it
-    is initialised) rank r takes items r, r + W, r + 2W, ... of it, so ranks are disjoint and together
-    cover the epoch, whatever the number of DataLoader workers. When W does not divide n,
-    remainder="drop" leaves out the epoch's last n % W items (other ones each shuffled epoch) and
-    remainder="pad" repeats its first W - n % W items: see .dropped and .padded.
-
-    batch_size=B yields (epoch, indices) pairs with an int64 array of up to B indices, which
-    NpyTokensDataset gathers in one pass; drop_last drops a rank's short last batch.
-
-    Each pass (each `for` over it) starts the next epoch by itself, so persistent DataLoader workers
-    never need telling; set_epoch(e), as on torch's DistributedSampler, picks the next one. The epoch
-    travels with every index, so a dataset in a worker process needs no epoch state of its own.
+    Epoch e's order is a permutation of range(n) drawn from (seed, e) alone (range(n) without shuffle),
+    the same on every rank; rank r of world_size W (default: torch.distributed's) takes items r, r + W, ...
+    When W does not divide n, remainder="drop" leaves out the order's last n % W items and "pad" repeats
+    its first W - n % W. batch_size=B yields (epoch, up to B indices) for DataLoader(batch_size=None).
+    Each pass starts the next epoch by itself; set_epoch(e), as on DistributedSampler, picks the next one.
     """
 
-    def __init__(
-        self,
-        data_source: Any,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        batch_size: int | None = None,
-        drop_last: bool = False,
-        world_size: int | None = None,
-        rank: int | None = None,
-        remainder: str = "drop",
-    ) -> None:
+    def __init__(self, data_source: Any, *, shuffle: bool = True, seed: int = 0, batch_size: int | None = None,
+                 drop_last: bool = False, world_size: int | None = None, rank: int | None = None,
+                 remainder: str = "drop") -> None:  # fmt: skip
         self.num_samples = len(data_source)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, _check_int("seed", seed, 0)
         self.batch_size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
-        if world_size is None and rank is None:
+        if (world_size is None) != (rank is None):
+            raise ValueError(f"pass both world_size and rank, or neither; got world_size={world_size}, rank={rank}")
+        if world_size is None:
             dist = torch.distributed.is_available() and torch.distributed.is_initialized()
             world_size, rank = (torch.distributed.get_world_size(), torch.distributed.get_rank()) if dist else (1, 0)
-        elif world_size is None or rank is None:
-            raise ValueError(f"pass both world_size and rank, or neither; got world_size={world_size}, rank={rank}")
         self.world_size, self.rank = _check_int("world_size", world_size, 1), _check_int("rank", rank, 0)
         if self.rank >= self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}) for world_size={self.world_size}, got {self.rank}")
@@ -665,26 +622,21 @@ class EpochSampler(Sampler):
         self.epoch, self._start, self._pass = _check_int("epoch", epoch, 0), 0, None
 
     def _items(self, start: int, whole: bool = True) -> int:
-        """Items this rank hands out in a pass entered at position `start` of an epoch's order (whole
-        batches only with drop_last, unless whole=False)."""
+        """Items this rank gets from position `start` of an epoch's order (whole batches with drop_last)."""
         left = self.num_samples - start
         items = left // self.world_size if self.remainder == "drop" else -(-left // self.world_size)
         return items - items % self.batch_size if whole and self.batch_size and self.drop_last else items
 
     def __len__(self) -> int:
-        items = self._items(0)
-        return items if self.batch_size is None else -(-items // self.batch_size)
+        return self._items(0) if self.batch_size is None else -(-self._items(0) // self.batch_size)
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
         """This rank's indices of `epoch`, from position `start` of the epoch's order on."""
         n, world = self.num_samples, self.world_size
         full = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
         rest = full[start:]
-        extra = len(rest) % world
-        if extra and self.remainder == "drop":
-            rest = rest[: len(rest) - extra]
-        elif extra:
-            rest = np.concatenate((rest, np.resize(full, world - extra)))  # repeat the epoch's first items
+        if extra := len(rest) % world:  # drop the order's last items, or repeat its first ones
+            rest = rest[: len(rest) - extra] if self.remainder == "drop" else np.concatenate((rest, np.resize(full, world - extra)))
         return rest[self.rank :: world]
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
@@ -699,51 +651,36 @@ class EpochSampler(Sampler):
             self._handed = min(lo + step, len(mine))
             yield (epoch, int(mine[lo])) if self.batch_size is None else (epoch, mine[lo : lo + step])
 
-    def _state(self, epoch: int, position: int) -> dict[str, Any]:
-        return {"format": SAMPLER_STATE_FORMAT, "version": 1, "epoch": epoch, "position": position,
-                "num_samples": self.num_samples, "shuffle": self.shuffle, "seed": self.seed,
-                "dataset": self._fingerprint}  # fmt: skip
-
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where the next item comes from: the epoch and the position in its order (JSON-ready).
+        """Where the next item comes from: an epoch and a position in its order (JSON-ready).
 
-        consumed: the batches (items, without batch_size) of the latest pass that the training loop
-        has received, e.g. `step` in `for step, batch in enumerate(loader, 1)`. Left out, it counts
-        what the sampler handed out, which is the same without DataLoader workers; workers fetch
-        ahead of the loop, so with them pass the loop's count."""
-        if self._pass is None:
-            if consumed:
-                raise ValueError(f"consumed={consumed}, but no pass over this sampler has started")
-            return self._state(self.epoch, self._start)
-        epoch, start, total = self._pass
-        items = self._handed
+        consumed: the batches (items, without batch_size) of the latest pass that the training loop has
+        received: `step` in `for step, batch in enumerate(loader, 1)`. Left out: what the sampler handed
+        out, which is the same without DataLoader workers; workers fetch ahead, so with them pass it."""
+        epoch, start, total = self._pass or (self.epoch, self._start, 0)
+        items, step = self._handed if self._pass else 0, self.batch_size or 1
         if consumed is not None:
-            step = self.batch_size or 1
-            items = _check_int("consumed", consumed, 0) * step
-            if items >= total + step:
+            if _check_int("consumed", consumed, 0) and not self._pass:
+                raise ValueError(f"consumed={consumed}, but no pass over this sampler has started")
+            if (items := consumed * step) >= total + step:
                 raise ValueError(f"consumed={consumed}, but the latest pass has only {-(-total // step)} batches; count "
                                  "the batches of the current pass (enumerate(loader, 1)), not a global step")  # fmt: skip
         position = start + min(items, total) * self.world_size
-        if items >= total or position >= self.num_samples:
+        if self._pass and (items >= total or position >= self.num_samples):
             epoch, position = epoch + 1, 0
-        return self._state(epoch, position)
+        return {"format": SAMPLER_STATE_FORMAT, "version": 1, "epoch": epoch, "position": position,
+                "num_samples": self.num_samples, "shuffle": self.shuffle, "seed": self.seed, "dataset": self._fingerprint}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state_dict(): the next pass starts exactly where that one stopped.
-
-        The state must come from the same windows (files, seq_len, mode, seed, num_samples) and the
-        same shuffle seed; another world_size or batch_size continues from the same position."""
-        if not isinstance(state, dict) or state.get("format") != SAMPLER_STATE_FORMAT:
-            raise ValueError(f"not an EpochSampler state (expected \"format\": {SAMPLER_STATE_FORMAT!r}): {state!r:.200}")
-        if state.get("version") != 1:
-            raise ValueError(f"EpochSampler state version {state.get('version')!r} is not supported; expected 1")
-        mine = self._state(0, 0)
+        """Continue from a state_dict(): the next pass starts exactly where that one stopped. The state must
+        come from the same windows and shuffle seed; another world_size or batch_size continues from there."""
+        mine = {**self.state_dict(), "epoch": 0, "position": 0}
+        if not isinstance(state, dict) or state.get("format") != SAMPLER_STATE_FORMAT or state.get("version") != 1:
+            raise ValueError(f"not an EpochSampler state of version 1 (\"format\": {SAMPLER_STATE_FORMAT!r}): {state!r:.200}")
         if set(state) != set(mine):
             raise ValueError(f"EpochSampler state: expected the keys {sorted(mine)}, found {sorted(state)}")
-        _compare_fingerprints(state["dataset"], self._fingerprint, "the saved state", "this dataset")
-        for key in ("num_samples", "shuffle", "seed"):
-            if state[key] != mine[key]:
-                raise ValueError(f"EpochSampler state: {key} is {state[key]!r} in the state, {mine[key]!r} here")
+        if found := _first_difference({**state, "epoch": 0, "position": 0}, mine):
+            raise ValueError("EpochSampler state: {} is {!r:.120} in the saved state, {!r:.120} here".format(*found))
         epoch, position = state["epoch"], state["position"]
         if type(epoch) is not int or epoch < 0:
             raise ValueError(f"EpochSampler state: epoch must be an int >= 0, got {epoch!r}")
@@ -752,64 +689,40 @@ class EpochSampler(Sampler):
         self.epoch, self._start, self._pass = epoch, position, None
 
 
-def _compare_fingerprints(a: Any, b: Any, a_name: str, b_name: str) -> None:
-    """Raise naming the first field in which two dataset fingerprints differ: the settings before
-    num_samples, which follows from them, and a file's name before its size."""
-    causes = ("files", "name", "bytes", "dtype", "shape", "seq_len", "mode", "epoch_offset", "seed")
-
-    def first_causes(x: dict, y: dict) -> list[str]:
-        return sorted(set(x) | set(y), key=lambda k: (causes.index(k) if k in causes else len(causes), k))
-
-    if a == b:
-        return
-    if not (isinstance(a, dict) and isinstance(b, dict)):
-        raise ValueError(f"dataset fingerprint differs: {a_name} has {a!r:.120}, {b_name} has {b!r:.120}")
-    for key in first_causes(a, b):
-        fa, fb = a.get(key), b.get(key)
-        if key == "files" and isinstance(fa, list) and isinstance(fb, list):
-            if len(fa) != len(fb):
-                raise ValueError(f"dataset differs: {a_name} has {len(fa)} files, {b_name} has {len(fb)}")
-            for i, (x, y) in enumerate(zip(fa, fb)):
-                for field in first_causes(x, y):
-                    if x.get(field) != y.get(field):
-                        raise ValueError(f"dataset differs in file {i} ({y.get('name')!r}): {field} is "
-                                         f"{x.get(field)!r} in {a_name}, {y.get(field)!r} in {b_name}")  # fmt: skip
-        elif fa != fb:
-            raise ValueError(f"dataset differs: {key} is {fa!r} in {a_name}, {fb!r} in {b_name}")
+def _first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """Where two JSON-like values first differ, as (path, a's value, b's value): keys in CAUSES_FIRST order,
+    so a file's name comes before its size and a setting before num_samples, which follows from it."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=lambda k: (CAUSES_FIRST.index(k) if k in CAUSES_FIRST else 99, str(k))):
+            if found := _first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else str(key)):
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"len({path})", len(a), len(b)
+        return next(filter(None, (_first_difference(x, y, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b)))), None)
+    return None if a == b and type(a) is type(b) else (path, a, b)
 
 
 # ---- 4. Loaders and the device -----------------------------------------------------------------
 
 
-def make_dataloaders(
-    train: NpyTokensDataset,
-    val: NpyTokensDataset,
-    batch_size: int,
-    *,
-    num_workers: int = 0,
-    seed: int = 0,
-    pin_memory: bool | None = None,
-    prefetch_factor: int = 2,
-    world_size: int | None = None,
-    rank: int | None = None,
-) -> tuple[DataLoader, DataLoader]:
+def make_dataloaders(train: NpyTokensDataset, val: NpyTokensDataset, batch_size: int, *, num_workers: int = 0,
+                     seed: int = 0, pin_memory: bool | None = None, prefetch_factor: int = 2,
+                     world_size: int | None = None, rank: int | None = None) -> tuple[DataLoader, DataLoader]:  # fmt: skip
     """Train (shuffled, drop_last) and validation (in order, every window) DataLoaders of (x, y) batches.
 
-    Each loader's sampler is an EpochSampler that hands the dataset a whole batch of indices, which
-    it gathers in one pass (DataLoader's batch_size=None: the dataset makes the batch). No workers by
-    default: for memmapped windows they cost more than they save (notebook 04 measures when they
-    pay). Under torch.distributed (or with world_size and rank given) each rank gets its own share:
-    train drops the epoch's last world_size - 1 windows at most, validation repeats at most as many,
-    so every rank runs the same number of steps; with torch.distributed initialised, the ranks first
-    check that they see the same files and settings. Resume with loader.sampler.state_dict().
+    An EpochSampler hands the dataset a whole batch of indices, gathered in one pass (batch_size=None: the
+    dataset makes the batch). No workers by default: for memmapped windows they cost more than they save.
+    Memory is pinned where CUDA is. Each rank of torch.distributed (or world_size and rank) gets its share,
+    every rank the same number of steps, after the ranks checked that they see the same files and settings.
     """
     for name, ds in (("train", train), ("val", val)):
         if not isinstance(ds, NpyTokensDataset):
             raise TypeError(f"{name} must be an NpyTokensDataset, got {type(ds).__name__}")
-    batch_size = _check_int("batch_size", batch_size, 1)
-    workers = _check_int("num_workers", num_workers, 0)
-    options: dict[str, Any] = {"num_workers": workers, "batch_size": None}
-    options["pin_memory"] = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+    batch_size, workers = _check_int("batch_size", batch_size, 1), _check_int("num_workers", num_workers, 0)
+    pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+    options: dict[str, Any] = {"batch_size": None, "num_workers": workers, "pin_memory": pin}
     if workers:  # DataLoader refuses these without workers
         options.update(persistent_workers=True, prefetch_factor=_check_int("prefetch_factor", prefetch_factor, 1))
     ranks = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
@@ -821,35 +734,22 @@ def make_dataloaders(
 
 
 def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
-    """Check that every rank of torch.distributed passes the same JSON-able settings (for example a
-    dataset's fingerprint()); raise on every rank, naming the first rank that differs and how."""
+    """Check that every rank of torch.distributed passes the same JSON-able settings (a dataset's
+    fingerprint(), say); raise on every rank, naming the first rank that differs and where."""
     dist = torch.distributed
-    cuda = dist.get_backend(group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    mine = json.dumps(settings, sort_keys=True).encode()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = torch.frombuffer(bytearray(json.dumps(settings, sort_keys=True).encode()), dtype=torch.uint8).to(device)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(sizes, torch.tensor([len(mine)], dtype=torch.int64, device=device), group=group)
-    buf = torch.zeros(int(max(s.item() for s in sizes)), dtype=torch.uint8, device=device)
-    buf[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-    bufs = [torch.zeros_like(buf) for _ in sizes]
-    dist.all_gather(bufs, buf, group=group)  # tensors only: nothing is pickled
+    dist.all_gather(sizes, torch.tensor([len(mine)], device=device), group=group)
+    bufs = [torch.zeros(int(max(sizes).item()), dtype=torch.uint8, device=device) for _ in sizes]
+    dist.all_gather(bufs, torch.cat((mine, bufs[0][len(mine) :])), group=group)  # tensors only: nothing is pickled
     seen = [json.loads(bytes(b[: int(s.item())].cpu().tolist())) for b, s in zip(bufs, sizes)]
     for r, theirs in enumerate(seen):
-        for key in sorted(set(seen[0]) | set(theirs)):
-            a, b = seen[0].get(key), theirs.get(key)
-            if a != b and isinstance(a, dict) and isinstance(b, dict):
-                try:
-                    _compare_fingerprints(a, b, "rank 0", f"rank {r}")
-                except ValueError as e:
-                    raise RuntimeError(f"rank {r} sees other data than rank 0 in {key!r}: {e}") from None
-            if a != b:
-                raise RuntimeError(f"rank {r} differs from rank 0: {key} is {a!r} on rank 0, {b!r} on rank {r}")
+        if found := _first_difference(seen[0], theirs):
+            raise RuntimeError(f"rank {r} differs from rank 0: {found[0]} is {found[1]!r:.120} on rank 0, {found[2]!r:.120} on rank {r}")
 
 
 def to_device(batch: Sequence[torch.Tensor], device: str | torch.device) -> tuple[torch.Tensor, ...]:
-    """Move a batch's tensors to device: asynchronously when they are in pinned memory.
-
-    A pinned int64 batch copied with non_blocking=True was faster on an H100 than sending the uint16
-    ids and widening them there (a quarter of the bytes, but more kernel launches)."""
-    device = torch.device(device)
+    """Move a batch's tensors to device, asynchronously when they are in pinned memory. (On an H100 a
+    pinned int64 copy was faster than sending uint16 ids and widening them there: fewer kernel launches.)"""
     return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)

@@ -391,8 +391,8 @@ def test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field(tmp_path, m
     val = write_tokens(tmp_path / "val.npy", np.arange(60, dtype=np.uint16))
     other = write_tokens(tmp_path / "other.npy", np.arange(300, dtype=np.uint16))
     extra, expected = {
-        "seq_len": (["--rank1-seq-len", "16"], "seq_len is 8 in rank 0, 16 in rank 1"),
-        "file": (["--rank1-train", str(other)], "name is 'train.npy' in rank 0, 'other.npy' in rank 1"),
+        "seq_len": (["--rank1-seq-len", "16"], "train.seq_len is 8 on rank 0, 16 on rank 1"),
+        "file": (["--rank1-train", str(other)], "train.files[0].name is 'train.npy' on rank 0, 'other.npy' on rank 1"),
         "seed": (["--rank1-seed", "4"], "seed is 3 on rank 0, 4 on rank 1"),
     }[mismatch]
     proc, reports = torchrun(tmp_path, train, val, *extra)
@@ -495,12 +495,12 @@ def test_resume_refuses_a_state_from_other_windows(tmp_path, resume_job):
     other_file = write_tokens(tmp_path / "other.npy", np.arange(115, dtype=np.uint16))
     second_file = write_tokens(tmp_path / "second.npy", np.arange(50, dtype=np.uint16))
     cases = [
-        ({"seq_len": 6}, "seq_len is 5 in the saved state, 6 in this dataset"),
-        ({"sampler": {**resume_job["sampler"], "seed": 10}}, "seed is 9 in the state, 10 here"),
-        ({"sampler": {**resume_job["sampler"], "shuffle": False}}, "shuffle is True in the state, False here"),
-        ({"dataset": {"epoch_offset": True, "seed": 5}}, "seed is 4 in the saved state, 5 in this dataset"),
-        ({"paths": [str(other_file)]}, "name is 'resume.npy' in the saved state, 'other.npy' in this dataset"),
-        ({"paths": resume_job["paths"] + [str(second_file)]}, "the saved state has 1 files, this dataset has 2"),
+        ({"seq_len": 6}, "dataset.seq_len is 5 in the saved state, 6 here"),
+        ({"sampler": {**resume_job["sampler"], "seed": 10}}, "EpochSampler state: seed is 9 in the saved state, 10 here"),
+        ({"sampler": {**resume_job["sampler"], "shuffle": False}}, "shuffle is True in the saved state, False here"),
+        ({"dataset": {"epoch_offset": True, "seed": 5}}, "dataset.seed is 4 in the saved state, 5 here"),
+        ({"paths": [str(other_file)]}, "dataset.files[0].name is 'resume.npy' in the saved state, 'other.npy' here"),
+        ({"paths": resume_job["paths"] + [str(second_file)]}, "len(dataset.files) is 1 in the saved state, 2 here"),
     ]
     for change, expected in cases:
         other = resume_worker.build_loader({**resume_job, **change})
@@ -509,7 +509,7 @@ def test_resume_refuses_a_state_from_other_windows(tmp_path, resume_job):
         assert expected in str(info.value), (change, str(info.value))
     random = {**resume_job, "dataset": {"mode": "random", "num_samples": 40}}
     loader = resume_worker.build_loader(random)
-    with pytest.raises(ValueError, match="num_samples is 40 in the saved state, 41 in this dataset"):
+    with pytest.raises(ValueError, match="dataset.num_samples is 40 in the saved state, 41 here"):
         resume_worker.build_loader({**random, "dataset": {"mode": "random", "num_samples": 41}}).sampler.load_state_dict(
             loader.sampler.state_dict())
     for bad in ({**state, "position": 22}, {**state, "epoch": -1}, {**state, "format": "other"}):
