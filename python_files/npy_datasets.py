@@ -13,7 +13,8 @@ Copy this one file into your project: it needs numpy, torch and the standard lib
         x, y = to_device(batch, device)  # int64, (32, 256) each: y is x shifted by one token
         ...  # loss = model(x, y); checkpoint train_loader.sampler.state_dict(consumed=step) with it
 
-The public API, in the order the data flows (and the sections of this file):
+The public API, in the order the data flows (the sections of this file); importing the file imports
+numpy only (torch where it is used), so a torch-free prep step can share the format half:
     open_tokens(path)                 check a token file (.npy + JSON sidecar, llm.c shard, raw .bin), map it
     NpyTokensDataset(path, seq_len)   (x, y) windows of one file or many; ds[epoch, indices] is a whole batch
     EpochSampler(ds, batch_size=B)    a new order each epoch, one share per rank, state_dict() to resume
@@ -34,15 +35,18 @@ import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
 
 __all__ = [
-    "FORMAT_VERSION", "TokenFileError", "token_dtype", "sidecar_path", "read_npy_header", "read_sidecar",
-    "open_tokens", "NpyTokensDataset", "EpochSampler", "make_dataloaders", "verify_across_ranks", "to_device",
+    "FORMAT_VERSION", "TokenFileError", "token_dtype", "sidecar_path", "check_token_dtype", "read_npy_header",
+    "read_sidecar", "open_tokens", "NpyTokensDataset", "EpochSampler", "make_dataloaders", "verify_across_ranks",
+    "to_device",
 ]  # fmt: skip
 
 # ---- 1. The file format ------------------------------------------------------------------------
@@ -50,6 +54,7 @@ __all__ = [
 FORMAT_VERSION = 1  # version of the JSON sidecar written beside each token file
 TOKEN_DTYPES = ("uint16", "uint32")  # uint16 holds ids < 65,536 (GPT-2: 50,257); uint32 the rest
 NPY_MAGIC = b"\x93NUMPY"
+NPY_VERSIONS = {(1, 0): (2, "latin1"), (2, 0): (4, "latin1"), (3, 0): (4, "utf8")}  # header length bytes, encoding
 MAX_NPY_HEADER = 10_000  # bytes; numpy's own default limit, checked before anything is parsed
 LLMC_HEADER_BYTES = 256 * 4  # llm.c shards: 256 int32 words (magic, version, token count, unused)
 LLMC_FORMATS = {20240520: (1, np.dtype("<u2")), 20240801: (7, np.dtype("<u4"))}  # magic: (version, dtype)
@@ -82,6 +87,18 @@ def sidecar_path(path: str | os.PathLike) -> Path:
     return Path(path).with_name(Path(path).name + ".json")
 
 
+def check_token_dtype(dtype: Any, where: str) -> np.dtype:
+    """A token dtype as little-endian uint16 or uint32, or a TokenFileError naming what would be valid."""
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):  # numpy raises either for a malformed dtype string
+        raise TokenFileError(f"{where}: {dtype!r} is not a dtype; expected one of {TOKEN_DTYPES}") from None
+    if dt.kind != "u" or dt.itemsize not in (2, 4) or dt.byteorder == ">":
+        raise TokenFileError(f"{where}: dtype {dt.str!r} is not supported; expected little-endian {TOKEN_DTYPES} "
+                             "(convert with arr.astype(np.uint16) if every id is below 65,536)")  # fmt: skip
+    return dt.newbyteorder("<")
+
+
 def _file_size(path: Path) -> int:
     """Size in bytes of a regular, non-empty file, or a clear error for anything else."""
     try:
@@ -98,51 +115,24 @@ def _file_size(path: Path) -> int:
     return st.st_size
 
 
-def _check_dtype(dtype: Any, where: str) -> np.dtype:
-    """Normalise a token dtype to little-endian uint16/uint32, or name what would be valid."""
-    try:
-        dt = np.dtype(dtype)
-    except (TypeError, ValueError):  # numpy raises either for a malformed dtype string
-        raise TokenFileError(f"{where}: {dtype!r} is not a dtype; expected one of {TOKEN_DTYPES}") from None
-    if dt.kind != "u" or dt.itemsize not in (2, 4) or dt.byteorder == ">":
-        raise TokenFileError(f"{where}: dtype {dt.str!r} is not supported; expected little-endian {TOKEN_DTYPES} "
-                             "(convert with arr.astype(np.uint16) if every id is below 65,536)")  # fmt: skip
-    return dt.newbyteorder("<")
-
-
-class FileLayout(NamedTuple):
-    """Where a token file keeps its ids."""
-
-    layout: str  # "npy", "llmc" (both found from the first bytes) or "bin" (raw ids, no header)
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    offset: int  # bytes before the first id
-
-
 def read_npy_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...], int]:
-    """Parse a .npy header as a literal, never with numpy's loader: (dtype, shape, data offset).
-
-    Sizes are checked before anything is parsed, and the declared data must fill the file exactly,
-    so pickles, truncated and padded files are refused."""
+    """Parse a .npy header as a literal, never with numpy's loader: (dtype, shape, data offset). Sizes are
+    checked before anything is parsed, and the data must fill the file exactly: no pickle, nothing cut."""
     name, size = repr(str(path)), _file_size(Path(path))
     with open(path, "rb") as f:
-        pre = f.read(8)
-        if pre[:6] != NPY_MAGIC:
+        if (pre := f.read(8))[:6] != NPY_MAGIC:
             raise TokenFileError(f"{name} is not a .npy file: it starts with {pre[:6]!r}, expected {NPY_MAGIC!r} "
                                  "(for a raw headerless token file use the .bin suffix)")  # fmt: skip
-        versions = {(1, 0): (2, "latin1"), (2, 0): (4, "latin1"), (3, 0): (4, "utf8")}  # length bytes, encoding
         if len(pre) < 8:
             raise TokenFileError(f"{name}: truncated .npy preamble ({size} bytes)")
-        if tuple(pre[6:8]) not in versions:
+        if (version := (pre[6], pre[7])) not in NPY_VERSIONS:
             raise TokenFileError(f"{name}: unsupported .npy version {pre[6]}.{pre[7]}; expected 1.0, 2.0 or 3.0")
-        len_bytes, encoding = versions[tuple(pre[6:8])]
+        len_bytes, encoding = NPY_VERSIONS[version]
         if len(raw := f.read(len_bytes)) < len_bytes:
             raise TokenFileError(f"{name}: truncated .npy header ({size} bytes)")
-        header_len = int.from_bytes(raw, "little")
-        offset = 8 + len_bytes + header_len
-        if header_len > MAX_NPY_HEADER:
+        if (header_len := int.from_bytes(raw, "little")) > MAX_NPY_HEADER:
             raise TokenFileError(f"{name}: .npy header of {header_len} bytes is larger than the {MAX_NPY_HEADER} allowed")
-        if offset > size:
+        if (offset := 8 + len_bytes + header_len) > size:
             raise TokenFileError(f"{name}: truncated header: need {offset} bytes, file has {size}")
         text = f.read(header_len).decode(encoding, errors="replace")
     try:
@@ -154,13 +144,12 @@ def read_npy_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...],
         raise TokenFileError(f"{name}: .npy header must have keys descr, fortran_order, shape; found {keys}")
     if not isinstance(header["descr"], str):
         raise TokenFileError(f"{name}: structured dtype {header['descr']!r} is not a token array")
-    dtype, shape = _check_dtype(header["descr"], name), header["shape"]
+    dtype, shape = check_token_dtype(header["descr"], name), header["shape"]
     if header["fortran_order"] is not False:
         raise TokenFileError(f"{name}: fortran_order={header['fortran_order']!r}; expected False (C order)")
     if not (isinstance(shape, tuple) and len(shape) in (1, 2) and all(type(d) is int and d >= 0 for d in shape)):
         raise TokenFileError(f"{name}: expected a 1-D or 2-D token array, got shape {shape!r}")
-    expected = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
-    if expected != size:
+    if (expected := offset + dtype.itemsize * int(np.prod(shape, dtype=object))) != size:
         problem = "truncated" if expected > size else "has trailing bytes"
         raise TokenFileError(f"{name} is {problem}: shape {shape} of {dtype.name} needs {expected} bytes, file has {size}")
     if 0 in shape:
@@ -197,45 +186,47 @@ def read_sidecar(path: str | os.PathLike) -> dict[str, Any] | None:
     return meta
 
 
-def _read_llmc_header(path: Path, magic: int, size: int) -> FileLayout:
-    """An llm.c / modded-nanogpt shard: 256 little-endian int32 words, then exactly `count` ids."""
-    name = repr(str(path))
-    if magic not in LLMC_FORMATS:
-        raise TokenFileError(f"{name} starts with the llm.c-like magic {magic}, which this loader does not read; "
-                             "known: 20240520 (version 1, uint16) and 20240801 (version 7, uint32)")  # fmt: skip
-    if size < LLMC_HEADER_BYTES:
-        raise TokenFileError(f"{name}: truncated llm.c header: need {LLMC_HEADER_BYTES} bytes, file has {size}")
-    (version, dtype), (_, found, count) = LLMC_FORMATS[magic], np.fromfile(path, dtype="<i4", count=3).tolist()
-    if found != version:
-        raise TokenFileError(f"{name}: llm.c magic {magic} goes with version {version}, found version {found}")
-    if count <= 0:
-        raise TokenFileError(f"{name}: llm.c header declares {count} tokens; a shard holds at least one")
-    if (expected := LLMC_HEADER_BYTES + count * dtype.itemsize) != size:
-        raise TokenFileError(f"{name}: llm.c header declares {count} tokens of {dtype.name} ({expected} bytes with "
-                             f"the header), but the file has {size} bytes")  # fmt: skip
-    return FileLayout("llmc", dtype, (count,), LLMC_HEADER_BYTES)
+class FileLayout(NamedTuple):
+    """Where a token file keeps its ids."""
+
+    layout: str  # "npy", "llmc" (both found from the first bytes) or "bin" (raw ids, no header)
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int  # bytes before the first id
 
 
 def _file_layout(path: Path, dtype: Any, meta: dict[str, Any] | None) -> FileLayout:
-    """A file's layout, from its first bytes: the .npy magic, an llm.c magic, or else raw ids whose
-    dtype comes from the sidecar or the argument. A sidecar that says "bin" always means raw ids."""
-    name, size = repr(str(path)), _file_size(path)
+    """A file's layout, from its first bytes: the .npy magic, an llm.c magic (256 int32 words: magic,
+    version, count, ...), or else raw ids, dtype from the sidecar or the argument; a sidecar's "bin" is final."""
+    name, size, raw = repr(str(path)), _file_size(path), meta is not None and meta["layout"] == "bin"
     with open(path, "rb") as f:
-        head = f.read(8)
-    raw, magic = meta is not None and meta["layout"] == "bin", int.from_bytes(head[:4], "little")
-    if head[:6] == NPY_MAGIC or (path.suffix == ".npy" and not raw):
+        first = f.read(12)
+    magic, version, count = np.frombuffer(first.ljust(12, b"\0"), dtype="<i4").tolist()
+    if first[:6] == NPY_MAGIC or (path.suffix == ".npy" and not raw):
         found = FileLayout("npy", *read_npy_header(path))
-    elif not raw and len(head) == 8 and magic in LLMC_LIKE:
-        found = _read_llmc_header(path, magic, size)
+    elif not raw and size >= 8 and magic in LLMC_LIKE:
+        if magic not in LLMC_FORMATS:
+            raise TokenFileError(f"{name} starts with the llm.c-like magic {magic}, which this loader does not read; "
+                                 "known: 20240520 (version 1, uint16) and 20240801 (version 7, uint32)")  # fmt: skip
+        if size < LLMC_HEADER_BYTES:
+            raise TokenFileError(f"{name}: truncated llm.c header: need {LLMC_HEADER_BYTES} bytes, file has {size}")
+        if version != LLMC_FORMATS[magic][0]:
+            raise TokenFileError(f"{name}: llm.c magic {magic} goes with version {LLMC_FORMATS[magic][0]}, found {version}")
+        if count <= 0:
+            raise TokenFileError(f"{name}: llm.c header declares {count} tokens; a shard holds at least one")
+        found = FileLayout("llmc", LLMC_FORMATS[magic][1], (count,), LLMC_HEADER_BYTES)
+        if (expected := LLMC_HEADER_BYTES + count * found.dtype.itemsize) != size:
+            raise TokenFileError(f"{name}: llm.c header declares {count} tokens of {found.dtype.name} ({expected} bytes "
+                                 f"with the header), but the file has {size} bytes")  # fmt: skip
     elif dtype is None and meta is None:
         raise TokenFileError(f"{name} is a raw token file with no sidecar {sidecar_path(path).name!r}: "
                              "pass dtype=np.uint16 (nanoGPT's train.bin) or dtype=np.uint32")  # fmt: skip
     else:
-        dt = _check_dtype(dtype if meta is None else meta["dtype"], "dtype argument" if meta is None else "sidecar")
+        dt = check_token_dtype(dtype if meta is None else meta["dtype"], "dtype argument" if meta is None else "sidecar")
         if size % dt.itemsize:
             raise TokenFileError(f"{name}: size {size} bytes is not a multiple of {dt.itemsize} ({dt.name})")
         found = FileLayout("bin", dt, (size // dt.itemsize,), 0)
-    if dtype is not None and _check_dtype(dtype, "dtype argument") != found.dtype:
+    if dtype is not None and check_token_dtype(dtype, "dtype argument") != found.dtype:
         what = {"npy": "holds", "llmc": "is an llm.c shard of", "bin": "has a sidecar that says"}[found.layout]
         raise TokenFileError(f"{name} {what} {found.dtype.name} but dtype={np.dtype(dtype).name} was passed")
     return found
@@ -243,36 +234,28 @@ def _file_layout(path: Path, dtype: Any, meta: dict[str, Any] | None) -> FileLay
 
 def open_tokens(path: str | os.PathLike, dtype: Any = None, *, vocab_size: int | None = None,
                 verify: bool = False) -> np.memmap:  # fmt: skip
-    """Open a token file as a read-only memmap, after checking it and its sidecar.
-
-    The format comes from the file's first bytes: .npy, an llm.c / modded-nanogpt shard (magic 20240520
-    for uint16, 20240801 for uint32), or else raw ids such as nanoGPT's train.bin (then dtype= is
-    needed where no sidecar says it). vocab_size refuses a file with an id at or past it (the sidecar's
-    max_token_id, or one scan of the file). verify=True also checks the file's sha256 (a whole read).
-    """
+    """Open a token file as a read-only memmap, after checking it and its sidecar. The format comes from the
+    first bytes: .npy, an llm.c shard, or else raw ids such as nanoGPT's train.bin (dtype= where no sidecar
+    says it). vocab_size refuses an id at or past it; verify=True also checks the sha256 (a whole read)."""
     return _open_checked(Path(path), dtype, vocab_size, verify)[0]
 
 
 def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) -> tuple[np.memmap, dict | None]:
     """open_tokens, also returning the sidecar it checked the file against (None without one)."""
-    _file_size(path)
-    meta = read_sidecar(path)
-    found = _file_layout(path, dtype, meta)
+    meta = read_sidecar(path) if _file_size(path) else None
+    found, side = _file_layout(path, dtype, meta), str(sidecar_path(path))
     if meta is None and verify:
-        raise TokenFileError(f"verify=True needs the sidecar {str(sidecar_path(path))!r}, which is missing")
-    actual = {"layout": found.layout, "dtype": found.dtype.name, "shape": list(found.shape),
-              "n_tokens": int(np.prod(found.shape, dtype=object)), "file_size": os.stat(path).st_size}  # fmt: skip
-    for key in actual if meta is not None else ():  # a sidecar must describe this very file
-        if meta[key] != actual[key]:
-            raise TokenFileError(f"sidecar {str(sidecar_path(path))!r} disagrees with {str(path)!r}: {key} is "
-                                 f"{meta[key]!r} in the sidecar, {actual[key]!r} in the file; re-run the prep step")  # fmt: skip
-    for key in ("max_token_id", "eot_id") if meta is not None else ():
-        if not 0 <= meta[key] < meta["n_vocab"]:
-            raise TokenFileError(f"sidecar {str(sidecar_path(path))!r}: {key} {meta[key]} is outside the vocabulary "
-                                 f"(n_vocab {meta['n_vocab']})")  # fmt: skip
-    if verify:
+        raise TokenFileError(f"verify=True needs the sidecar {side!r}, which is missing")
+    if meta is not None:  # the sidecar must describe this very file
+        actual = {"layout": found.layout, "dtype": found.dtype.name, "shape": list(found.shape),
+                  "n_tokens": int(np.prod(found.shape, dtype=object)), "file_size": os.stat(path).st_size}  # fmt: skip
+        for key in [k for k in actual if meta[k] != actual[k]][:1]:
+            raise TokenFileError(f"sidecar {side!r} disagrees with {str(path)!r}: {key} is {meta[key]!r} in the "
+                                 f"sidecar, {actual[key]!r} in the file; re-run the prep step")  # fmt: skip
+        for key in [k for k in ("max_token_id", "eot_id") if not 0 <= meta[k] < meta["n_vocab"]][:1]:
+            raise TokenFileError(f"sidecar {side!r}: {key} {meta[key]} is outside the vocabulary (n_vocab {meta['n_vocab']})")
         with open(path, "rb") as f:
-            if hashlib.file_digest(f, "sha256").hexdigest() != meta["sha256"]:  # type: ignore[index]
+            if verify and hashlib.file_digest(f, "sha256").hexdigest() != meta["sha256"]:
                 raise TokenFileError(f"{str(path)!r}: sha256 differs from the sidecar's; the file is damaged or was replaced")
     tokens = np.memmap(path, dtype=found.dtype, mode="r", offset=found.offset, shape=found.shape)
     if vocab_size is not None:
@@ -303,69 +286,63 @@ def _identity(path: str) -> tuple[int, int, int, int]:
 
 def _expand_paths(path: Any) -> list[str]:
     """One token file, a list of them, or a glob pattern ('data/train_*.npy', sorted by name)."""
-    if isinstance(path, (str, os.PathLike)):
-        text = os.fspath(path)
-        if not any(ch in text for ch in "*?[") or os.path.exists(text):
-            return [text]
-        found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))  # skip the sidecars
-        if not found:
-            raise FileNotFoundError(f"no token file matches the pattern {text!r} (sidecars, *.json, are skipped)")
-        return found
     if isinstance(path, (list, tuple)) and path:
         if bad := [p for p in path if not isinstance(p, (str, os.PathLike))]:
             raise TypeError(f"path list items must be str or os.PathLike, got {type(bad[0]).__name__} {bad[0]!r}")
         return [os.fspath(p) for p in path]
-    raise TypeError(f"path must be a token file, a non-empty list of them or a glob pattern, got {path!r}")
-
-
-def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]) -> None:
-    """Warn when shards that the prep step wrote as one set are missing from paths, or repeated."""
-    sets: dict[str, tuple[str, int, list[int]]] = {}  # settings fingerprint -> (first path, count, indices)
-    for p, shard, meta in ((p, (m or {}).get("shard"), m) for p, m in zip(paths, metas)):
-        if isinstance(shard, dict) and isinstance(shard.get("index"), int) and isinstance(shard.get("count"), int):
-            sets.setdefault(str(meta.get("settings_fingerprint")), (p, shard["count"], []))[2].append(shard["index"])  # type: ignore[union-attr]
-    for first, count, seen in sets.values():
-        missing, twice = sorted(set(range(count)) - set(seen)), sorted(i for i, k in Counter(seen).items() if k > 1)
-        problems = [f"shard(s) {_ranges(missing)} of {count} missing"] * bool(missing)
-        problems += [f"shard(s) {_ranges(twice)} given more than once"] * bool(twice)
-        if problems:
-            warnings.warn(f"{first!r} is one of {count} shards written together, but this dataset has {'; '.join(problems)}. "
-                          "Pass the glob the prep step printed (e.g. 'train_[0-9][0-9][0-9][0-9][0-9][0-9].npy') "
-                          "for the whole set, unless a subset is what you want", stacklevel=3)  # fmt: skip
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a token file, a non-empty list of them or a glob pattern, got {path!r}")
+    if not any(ch in (text := os.fspath(path)) for ch in "*?[") or os.path.exists(text):
+        return [text]
+    if not (found := sorted(p for p in glob.glob(text) if not p.endswith(".json"))):  # skip the sidecars
+        raise FileNotFoundError(f"no token file matches the pattern {text!r} (sidecars, *.json, are skipped)")
+    return found
 
 
 def _ranges(indices: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'; at most 10 ranges, then a count."""
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'; at most 10 ranges."""
     runs: list[list[int]] = []
     for i in indices:
         if runs and runs[-1][1] == i - 1:
             runs[-1][1] = i
         else:
             runs.append([i, i])
-    text = ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs[:10])
-    return text + (f" and {len(runs) - 10} more ranges" if len(runs) > 10 else "")
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs[:10]) + (", ..." if len(runs) > 10 else "")
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser of x + 2**64 / golden ratio: a well-spread hash of uint64s, in place."""
-    x += np.uint64(0x9E3779B97F4A7C15)
-    for shift, multiplier in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
-        x ^= x >> np.uint64(shift)
-        x *= np.uint64(multiplier)
-    x ^= x >> np.uint64(31)
-    return x
+def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]) -> None:
+    """Warn when shards that the prep step wrote as one set are missing from paths, or repeated."""
+    sets: dict[str, tuple[str, int, list[int]]] = {}  # settings fingerprint -> (first path, count, indices)
+    for p, meta in zip(paths, metas):
+        shard = (meta or {}).get("shard")
+        if isinstance(shard, dict) and isinstance(shard.get("index"), int) and isinstance(shard.get("count"), int):
+            sets.setdefault(str(meta.get("settings_fingerprint")), (p, shard["count"], []))[2].append(shard["index"])  # type: ignore[union-attr]
+    for first, count, seen in sets.values():
+        missing, twice = sorted(set(range(count)) - set(seen)), sorted(i for i, k in Counter(seen).items() if k > 1)
+        problems = [f"shard(s) {_ranges(missing)} of {count} missing"] * bool(missing)
+        if problems := problems + [f"shard(s) {_ranges(twice)} given more than once"] * bool(twice):
+            warnings.warn(f"{first!r} is one of {count} shards written together, but this dataset has {'; '.join(problems)}. "
+                          "Pass the glob the prep step printed (e.g. 'train_[0-9][0-9][0-9][0-9][0-9][0-9].npy') "
+                          "for the whole set, unless a subset is what you want", stacklevel=3)  # fmt: skip
 
 
 def _keyed_hash(seed: int, stream: int, epochs: int | np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """A uint64 per index from (seed, stream, epoch, index) alone: no RNG state, so every worker and
-    every rank computes the same value."""
-    key = _mix64(np.array([(seed * 4 + stream) % 2**64], dtype=np.uint64))
-    return _mix64(_mix64(key + np.asarray(epochs).astype(np.uint64)) + indices.astype(np.uint64))
+    """A uint64 per index from (seed, stream, epoch, index) alone (SplitMix64): every worker and rank agrees."""
+
+    def mix(x: np.ndarray) -> np.ndarray:  # a well-spread hash of x + 2**64 / golden ratio, in place, wrapping
+        x += np.uint64(0x9E3779B97F4A7C15)
+        for shift, multiplier in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 1)):
+            x ^= x >> np.uint64(shift)
+            x *= np.uint64(multiplier)
+        return x
+
+    key = mix(np.array([(seed * 4 + stream) % 2**64], dtype=np.uint64))
+    return mix(mix(key + np.asarray(epochs).astype(np.uint64)) + indices.astype(np.uint64))
 
 
 def _open_file_budget(mapped: int) -> int:
-    """Files to keep mapped: MAX_OPEN_FILES, at most a quarter of the open-file limit, and at most the
-    `mapped` ones plus half the descriptors still free (a CUDA build of torch holds many)."""
+    """Files to keep mapped: at most MAX_OPEN_FILES, a quarter of the open-file limit, and the `mapped`
+    ones plus half the descriptors still free (a CUDA build of torch holds many)."""
     try:
         import resource  # Unix only
 
@@ -376,18 +353,13 @@ def _open_file_budget(mapped: int) -> int:
     return MAX_OPEN_FILES if soft == resource.RLIM_INFINITY else max(1, min(MAX_OPEN_FILES, soft // 4, mapped + free // 2))
 
 
-class NpyTokensDataset(Dataset):
-    """(x, y) next-token windows, int64 tensors of shape (seq_len,), read from memmapped token files.
-
-    path: one token file, a list of them or a glob (sorted by name): one index space, in order. No window
-    crosses a file, nor a row of a 2-D file (each row is a sequence). Per sequence of N tokens,
-    mode="windows" has (N - 1) // seq_len windows, window i being tokens[i*seq_len : (i+1)*seq_len + 1]
-    (x its first seq_len, y its last); epoch_offset=True moves every window of an epoch right by one
-    offset in [0, seq_len) drawn from (seed, epoch), leaving (N - seq_len) // seq_len. mode="random" has
-    num_samples windows (default: as many), each starting anywhere in [0, N - seq_len - 1] of any
-    sequence, drawn from (seed, epoch, index). ds[i] and ds[epoch, i] give one window (i alone: epoch 0);
-    ds[epoch, indices] and ds[list of ints or (epoch, i) pairs] give a batch, gathered in one pass.
-    """
+class NpyTokensDataset:
+    """(x, y) next-token windows, int64 tensors of shape (seq_len,), from memmapped token files (a map-style
+    dataset: DataLoader needs len and indexing only). ds[i] and ds[epoch, i] give one window; ds[epoch, indices]
+    and ds[list of ints or (epoch, i) pairs] a batch, gathered in one pass. The files (a list, or a glob sorted
+    by name) share one index space; no window crosses a file or a row of a 2-D file. Window i of mode "windows"
+    is tokens[i*seq_len : (i+1)*seq_len + 1], x its first seq_len, y its last; epoch_offset moves an epoch's
+    windows by one offset in [0, seq_len). mode="random" starts each window anywhere, from (seed, epoch, i)."""
 
     def __init__(self, path: str | os.PathLike | Sequence[str | os.PathLike], seq_len: int, *, mode: str = "windows",
                  num_samples: int | None = None, seed: int = 0, epoch_offset: bool = False, dtype: Any = None,
@@ -401,8 +373,7 @@ class NpyTokensDataset(Dataset):
             raise ValueError('epoch_offset applies to mode="windows" only; random starts already vary')
         if num_samples is not None and mode != "random":
             raise ValueError('num_samples applies to mode="random" only; mode="windows" has exactly one window per slot')
-        self.mode, self.epoch_offset, self.paths = mode, epoch_offset, _expand_paths(path)
-        self.files: list[TokenFile] = []
+        self.mode, self.epoch_offset, self.paths, self.files = mode, epoch_offset, _expand_paths(path), []
         metas: list[dict[str, Any] | None] = []
         for p in self.paths:  # check every file now: a bad shard fails here, not mid-run
             tokens, meta = _open_checked(Path(p), dtype, vocab_size, verify)
@@ -428,8 +399,7 @@ class NpyTokensDataset(Dataset):
                      else f"{self.paths[0]!r}: {'each row has' if self.files[0].rows > 1 else 'the file has'}")  # fmt: skip
             need = f"{2 * seq_len} (two windows, so any offset leaves one)" if epoch_offset else f"{seq_len + 1} (one x plus its shifted y)"
             raise ValueError(f"{where} {self._row_len.max()} tokens; seq_len={self.seq_len} needs at least {need}")
-        windows = int(self._window_cum[-1])
-        self.num_samples = windows if num_samples is None else _check_int("num_samples", num_samples, 1)
+        self.num_samples = int(self._window_cum[-1]) if num_samples is None else _check_int("num_samples", num_samples, 1)
         self._maps: dict[int, tuple[np.memmap, np.ndarray]] = {}  # file -> (memmap, window view), oldest first
 
     def __getstate__(self) -> dict[str, Any]:
@@ -443,11 +413,9 @@ class NpyTokensDataset(Dataset):
         return self._mapped(f)[0]
 
     def _mapped(self, f: int) -> tuple[np.memmap, np.ndarray]:
-        """File f's memmap, and a read-only view of it whose row s is the window of tokens s .. s + seq_len.
-
-        The file is checked on every use: a forked worker inherits the mapping, and reading a mapped file
-        that was truncated in place kills the process with a bus error. The least recently used map is
-        closed at the open-file budget, and once more if a map still fails for want of a descriptor."""
+        """File f's memmap, and a read-only view whose row s is the window of tokens s .. s + seq_len. The file
+        is checked on every use (reading a mapped file truncated in place kills the process); the least
+        recently used map is closed at the open-file budget, and once more when mapping runs out of descriptors."""
         file = self.files[f]
         try:
             same = _identity(file.path) == file.identity
@@ -459,15 +427,13 @@ class NpyTokensDataset(Dataset):
         if (mapped := self._maps.pop(f, None)) is None:  # re-inserted below: the newest map is the dict's last
             while len(self._maps) >= _open_file_budget(len(self._maps)):
                 del self._maps[next(iter(self._maps))]  # the least recently used map and its descriptor go
-            for retry in (True, False):
-                try:
-                    tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
-                    break
-                except OSError as e:
-                    if e.errno not in (errno.EMFILE, errno.ENFILE) or not (retry and self._maps):
-                        raise TokenFileError(f"{file.path!r} cannot be mapped: {e.strerror} ({len(self._maps)} other "
-                                             "token files mapped); raise the open-file limit (ulimit -n)") from None  # fmt: skip
-                    del self._maps[next(iter(self._maps))]
+            try:
+                tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._maps:
+                    raise TokenFileError(f"{file.path!r} cannot be mapped ({e.strerror}); raise the open-file limit") from None
+                del self._maps[next(iter(self._maps))]  # out of descriptors: close the oldest map and try once more
+                tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
             flat, step = np.asarray(tokens), tokens.strides[0]  # asarray: a plain ndarray, without memmap's hooks
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)  # rows overlap, one token apart: no copy
             mapped = tokens, np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
@@ -481,8 +447,7 @@ class NpyTokensDataset(Dataset):
                 for f, per_row in zip(self.files, self._windows_per_row.tolist())]  # fmt: skip
 
     def fingerprint(self) -> dict[str, Any]:
-        """What decides the windows, to compare runs and ranks: each file's name, size, dtype, shape and
-        sha256 (its sidecar's, as opened), and the window settings."""
+        """What decides the windows (each file's name, size, dtype, shape, sidecar sha256; the settings)."""
         files = [{"name": Path(f.path).name, "bytes": f.identity[2], "dtype": self.dtype,
                   "shape": [f.rows, f.row_len], "sha256": f.sha256} for f in self.files]  # fmt: skip
         return {"files": files, "seq_len": self.seq_len, "mode": self.mode, "num_samples": self.num_samples,
@@ -544,6 +509,8 @@ class NpyTokensDataset(Dataset):
 
     def _gather(self, epochs: int | np.ndarray, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch's windows, by one index into each file's window view, widened to int64 in one pass."""
+        import torch
+
         files, firsts = self.locate(epochs, indices)
         if len(self.files) == 1:
             compact = self._mapped(0)[1][firsts]  # row b: tokens firsts[b] .. firsts[b] + seq_len
@@ -563,7 +530,7 @@ SAMPLER_STATE_FORMAT = "npy_datasets.EpochSampler"
 CAUSES_FIRST = ("files", "name", "bytes", "dtype", "shape", "seq_len", "mode", "epoch_offset", "seed")  # report order
 
 
-class EpochSampler(Sampler):
+class EpochSampler:
     """A fresh order of a dataset's windows each epoch, for one rank: (epoch, index) pairs, or batches.
 
     Epoch e's order is a permutation of range(n) drawn from (seed, e) alone (range(n) without shuffle),
@@ -585,6 +552,8 @@ class EpochSampler(Sampler):
         if (world_size is None) != (rank is None):
             raise ValueError(f"pass both world_size and rank, or neither; got world_size={world_size}, rank={rank}")
         if world_size is None:
+            import torch
+
             dist = torch.distributed.is_available() and torch.distributed.is_initialized()
             world_size, rank = (torch.distributed.get_world_size(), torch.distributed.get_rank()) if dist else (1, 0)
         self.world_size, self.rank = _check_int("world_size", world_size, 1), _check_int("rank", rank, 0)
@@ -717,6 +686,9 @@ def make_dataloaders(train: NpyTokensDataset, val: NpyTokensDataset, batch_size:
     Memory is pinned where CUDA is. Each rank of torch.distributed (or world_size and rank) gets its share,
     every rank the same number of steps, after the ranks checked that they see the same files and settings.
     """
+    import torch
+    from torch.utils.data import DataLoader
+
     for name, ds in (("train", train), ("val", val)):
         if not isinstance(ds, NpyTokensDataset):
             raise TypeError(f"{name} must be an NpyTokensDataset, got {type(ds).__name__}")
@@ -736,7 +708,9 @@ def make_dataloaders(train: NpyTokensDataset, val: NpyTokensDataset, batch_size:
 def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     """Check that every rank of torch.distributed passes the same JSON-able settings (a dataset's
     fingerprint(), say); raise on every rank, naming the first rank that differs and where."""
-    dist = torch.distributed
+    import torch
+    import torch.distributed as dist
+
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     mine = torch.frombuffer(bytearray(json.dumps(settings, sort_keys=True).encode()), dtype=torch.uint8).to(device)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]

@@ -102,8 +102,8 @@ def _refusal(path, dtype=None) -> str:
 
 def test_bad_llmc_and_raw_files_are_refused_with_clear_messages(tmp_path):
     u16, u32 = np.arange(100, dtype=np.uint16), np.arange(100, dtype=np.uint32)
-    assert "magic 20240520 goes with version 1, found version 7" in _refusal(write_llmc(tmp_path / "a.bin", u16, version=7))
-    assert "magic 20240801 goes with version 7, found version 1" in _refusal(write_llmc(tmp_path / "b.bin", u32, version=1))
+    assert "magic 20240520 goes with version 1, found 7" in _refusal(write_llmc(tmp_path / "a.bin", u16, version=7))
+    assert "magic 20240801 goes with version 7, found 1" in _refusal(write_llmc(tmp_path / "b.bin", u32, version=1))
     short = write_llmc(tmp_path / "short.bin", u16)
     short.write_bytes(short.read_bytes()[:-2])  # one token missing
     assert "declares 100 tokens of uint16 (1224 bytes with the header), but the file has 1222 bytes" in _refusal(short)
