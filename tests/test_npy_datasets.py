@@ -427,6 +427,21 @@ def test_file_replaced_after_open_is_refused_in_a_worker(arange_file):
         clone[0]
 
 
+def test_a_same_size_rewrite_in_place_is_refused_by_its_mtime(arange_file):
+    path = arange_file(1000)
+    ds = nd.NpyTokensDataset(path, 9)
+    ds[0]  # mapped
+    before = os.stat(path)
+    with open(path, "r+b") as f:  # same inode, same size: only the modification time tells
+        f.seek(-8, os.SEEK_END)
+        f.write(np.array([7, 7], dtype=np.uint32).tobytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    with pytest.raises(nd.TokenFileError, match="changed since the dataset was opened"):
+        ds[0]
+
+
 def test_token_dtype_and_sidecar_path():
     assert nd.token_dtype(50257) == np.uint16 and nd.token_dtype(2**16) == np.uint16
     assert nd.token_dtype(2**16 + 1) == np.uint32 and nd.token_dtype(100277) == np.uint32
