@@ -257,7 +257,10 @@ def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) 
         with open(path, "rb") as f:
             if verify and hashlib.file_digest(f, "sha256").hexdigest() != meta["sha256"]:
                 raise TokenFileError(f"{str(path)!r}: sha256 differs from the sidecar's; the file is damaged or was replaced")
-    tokens = np.memmap(path, dtype=found.dtype, mode="r", offset=found.offset, shape=found.shape)
+    try:
+        tokens = np.memmap(path, dtype=found.dtype, mode="r", offset=found.offset, shape=found.shape)
+    except OSError as e:  # a file of /sys or /proc behind a link, a device that cannot be mapped, ...
+        raise TokenFileError(f"token file {str(path)!r} cannot be mapped: {e.strerror or e}") from None
     if vocab_size is not None:
         top = meta["max_token_id"] if meta is not None else int(tokens.max())  # no sidecar: one scan
         if top >= _check_int("vocab_size", vocab_size, 1):
@@ -387,6 +390,8 @@ class NpyTokensDataset:
             self.dtype, (rows, row_len) = tokens.dtype.name, ((1, len(tokens)) if tokens.ndim == 1 else tokens.shape)
             self.files.append(TokenFile(p, rows, row_len, tokens.offset, _identity(p), (meta or {}).get("sha256")))
             metas.append(meta)
+        if repeated := sorted(p for p, k in Counter(map(os.path.realpath, self.paths)).items() if k > 1):
+            warnings.warn(f"{repeated[0]!r} is given more than once (its windows repeat every epoch)", stacklevel=2)
         _warn_incomplete_shards(self.paths, metas)
         rows, self._row_len = np.array([(f.rows, f.row_len) for f in self.files], dtype=np.int64).T
         spare = self.seq_len - 1 if epoch_offset else 0  # tokens an offset may take from the front
@@ -562,8 +567,9 @@ class EpochSampler:
         if remainder not in ("drop", "pad"):
             raise ValueError(f"remainder must be one of ('drop', 'pad'), got {remainder!r}")
         self.remainder = remainder
-        if self.num_samples < 1:
-            raise ValueError("EpochSampler needs a dataset with at least one window")
+        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory, 8 bytes a window
+            raise ValueError(f"EpochSampler needs 1 to 2**31 windows an epoch, got {self.num_samples:,}: for mode=\"random\""
+                             " pass a smaller num_samples and run more epochs")  # fmt: skip
         if remainder == "drop" and self.num_samples < self.world_size:
             raise ValueError(f"{self.num_samples} windows for world_size={self.world_size}: with remainder=\"drop\" no "
                              "rank would get one; use remainder=\"pad\", fewer ranks or a shorter seq_len")  # fmt: skip

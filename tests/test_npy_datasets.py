@@ -442,6 +442,23 @@ def test_a_same_size_rewrite_in_place_is_refused_by_its_mtime(arange_file):
         ds[0]
 
 
+def test_a_file_given_twice_warns_and_huge_epochs_are_refused_clearly(arange_file):
+    path = arange_file(1000)
+    with pytest.warns(UserWarning, match="is given more than once"):
+        nd.NpyTokensDataset([path, str(path)], 9)
+    huge = nd.NpyTokensDataset(path, 9, mode="random", num_samples=10**10)
+    with pytest.raises(ValueError, match=r"EpochSampler needs 1 to 2\*\*31 windows an epoch, got 10,000,000,000"):
+        nd.make_dataloaders(huge, huge, batch_size=4)
+
+
+@pytest.mark.skipif(not Path("/sys/devices/system/cpu/online").exists(), reason="maps a Linux /sys file")
+def test_a_file_that_cannot_be_mapped_is_named(tmp_path):
+    link = tmp_path / "tokens.bin"
+    link.symlink_to("/sys/devices/system/cpu/online")  # a regular file of 4096 bytes to stat, but not one to map
+    with pytest.raises(nd.TokenFileError, match=r"token file '.*tokens.bin' cannot be mapped"):
+        nd.open_tokens(link, dtype=np.uint16)
+
+
 def test_token_dtype_and_sidecar_path():
     assert nd.token_dtype(50257) == np.uint16 and nd.token_dtype(2**16) == np.uint16
     assert nd.token_dtype(2**16 + 1) == np.uint32 and nd.token_dtype(100277) == np.uint32

@@ -40,6 +40,21 @@ def write_llmc(path: Path, tokens: np.ndarray, *, magic=None, version=None, coun
     return path
 
 
+def test_an_unknown_llmc_magic_is_refused_even_with_a_dtype(tmp_path):
+    eval_file = write_llmc(tmp_path / "hellaswag_val.bin", np.arange(100, dtype=np.uint16), magic=20240522)  # llm.c's eval files
+    for dtype in (None, np.uint16):
+        with pytest.raises(nd.TokenFileError, match="llm.c-like magic 20240522, which this loader does not read"):
+            nd.open_tokens(eval_file, dtype=dtype)
+
+
+def test_a_raw_file_whose_sidecar_says_bin_is_never_read_as_llmc(tmp_path):
+    magic = np.array([20240520], dtype="<i4").view("<u2")  # ids 55016 and 308 spell llm.c's magic
+    tokens = np.concatenate([magic, np.array([1, 0], dtype=np.uint16), np.arange(200, dtype=np.uint16)])
+    path = write_tokens(tmp_path / "train.bin", tokens)  # a sidecar with layout "bin", dtype uint16
+    assert nd.open_tokens(path).tolist() == tokens.tolist()
+    assert nd.NpyTokensDataset(path, 8)[0][0].tolist() == tokens[:8].tolist()
+
+
 def assert_window_inside(x: torch.Tensor, y: torch.Tensor, sequences: list[tuple[int, int]]) -> None:
     """x is seq_len consecutive tokens, y is x shifted by one, and both lie in one sequence [lo, hi)."""
     first = x[0].item()
