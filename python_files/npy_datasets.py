@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
 __all__ = [
-    "FORMAT_VERSION", "TokenFileError", "token_dtype", "sidecar_path", "check_token_dtype", "read_npy_header",
-    "read_sidecar", "open_tokens", "NpyTokensDataset", "EpochSampler", "make_dataloaders", "verify_across_ranks",
+    "FORMAT_VERSION", "TokenFileError", "token_dtype", "sidecar_path", "check_token_dtype", "probe_sha256",
+    "read_npy_header", "read_sidecar", "open_tokens", "NpyTokensDataset", "EpochSampler", "make_dataloaders", "verify_across_ranks",
     "to_device",
 ]  # fmt: skip
 
@@ -59,6 +59,7 @@ MAX_NPY_HEADER = 10_000  # bytes; numpy's own default limit, checked before anyt
 LLMC_HEADER_BYTES = 256 * 4  # llm.c shards: 256 int32 words (magic, version, token count, unused)
 LLMC_FORMATS = {20240520: (1, np.dtype("<u2")), 20240801: (7, np.dtype("<u4"))}  # magic: (version, dtype)
 LLMC_LIKE = range(20240000, 20300000)  # a date as first word: an llm.c file, perhaps one we cannot read
+PROBE_BYTES = 1 << 16  # a sidecar's probe_sha256 hashes a file's first and last 64 KiB: cheap on every open
 MAX_OPEN_FILES = 64  # token files one process keeps mapped (a map holds a file descriptor); LRU beyond
 
 
@@ -97,6 +98,14 @@ def check_token_dtype(dtype: Any, where: str) -> np.dtype:
         raise TokenFileError(f"{where}: dtype {dt.str!r} is not supported; expected little-endian {TOKEN_DTYPES} "
                              "(convert with arr.astype(np.uint16) if every id is below 65,536)")  # fmt: skip
     return dt.newbyteorder("<")
+
+
+def probe_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's first and last PROBE_BYTES: tells apart files of one size, say two swapped shards."""
+    with open(path, "rb") as f:
+        head = f.read(PROBE_BYTES)
+        f.seek(max(len(head), os.fstat(f.fileno()).st_size - PROBE_BYTES))
+        return hashlib.sha256(head + f.read(PROBE_BYTES)).hexdigest()
 
 
 def _file_size(path: Path) -> int:
@@ -254,6 +263,9 @@ def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) 
                                  f"sidecar, {actual[key]!r} in the file; re-run the prep step")  # fmt: skip
         for key in [k for k in ("max_token_id", "eot_id") if not 0 <= meta[k] < meta["n_vocab"]][:1]:
             raise TokenFileError(f"sidecar {side!r}: {key} {meta[key]} is outside the vocabulary (n_vocab {meta['n_vocab']})")
+        if "probe_sha256" in meta and probe_sha256(path) != meta["probe_sha256"]:  # older sidecars have none
+            raise TokenFileError(f"{str(path)!r}: its first and last {PROBE_BYTES // 1024} KiB differ from what the sidecar "
+                                 "recorded: the file was replaced or swapped with another; re-run the prep step")  # fmt: skip
         with open(path, "rb") as f:
             if verify and hashlib.file_digest(f, "sha256").hexdigest() != meta["sha256"]:
                 raise TokenFileError(f"{str(path)!r}: sha256 differs from the sidecar's; the file is damaged or was replaced")

@@ -479,3 +479,18 @@ def test_module_imports_in_a_fresh_interpreter_without_the_prep_packages():
     code = "import sys; sys.modules.update(tiktoken=None, datasets=None, tqdm=None); import npy_datasets; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "python_files", capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_swapped_shards_of_one_size_are_refused_on_open(tmp_path):
+    paths = [write_tokens(tmp_path / f"train_{i:06d}.npy", np.arange(1000 * i, 1000 * i + 1000, dtype=np.uint16)) for i in range(2)]
+    for p in paths:  # what the prep step records in each sidecar
+        side = nd.sidecar_path(p)
+        side.write_text(json.dumps({**json.loads(side.read_text()), "probe_sha256": nd.probe_sha256(p)}))
+    assert nd.NpyTokensDataset(paths, 8)[0][0][0].item() == 0
+    a, b = (p.read_bytes() for p in paths)  # swap the data files, leave the sidecars in place
+    paths[0].write_bytes(b)
+    paths[1].write_bytes(a)
+    with pytest.raises(nd.TokenFileError, match=r"train_000000.npy': its first and last 64 KiB differ from what the sidecar"):
+        nd.NpyTokensDataset(paths, 8)
+    big = write_tokens(tmp_path / "big.npy", np.arange(200_000, dtype=np.uint32))  # head and tail probed apart
+    assert nd.probe_sha256(big) != nd.probe_sha256(write_tokens(tmp_path / "other.npy", np.arange(1, 200_001, dtype=np.uint32)))
