@@ -484,7 +484,8 @@ class NpyTokensDataset:
                 raise ValueError(f"epoch must be an int >= 0, got {epoch}")
         batch = isinstance(index, (list, np.ndarray))
         if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu" and index.dtype != np.uint64:
-            indices = index.astype(np.int64)
+            if len(indices := index.astype(np.int64, copy=False)) and 0 <= indices.min() and indices.max() < n:
+                return int(epoch), indices, batch  # EpochSampler's batches: nothing to check further
         elif batch and index and not epoch and isinstance(index[0], tuple):  # (epoch, index) pairs
             keys = [self._keys(k) for k in index]
             return np.array([k[0] for k in keys], dtype=np.int64), np.concatenate([k[1] for k in keys]), True
@@ -700,7 +701,7 @@ def make_dataloaders(train: NpyTokensDataset, val: NpyTokensDataset, batch_size:
     """Train (shuffled, drop_last) and validation (in order, every window) DataLoaders of (x, y) batches.
 
     An EpochSampler hands the dataset a whole batch of indices, gathered in one pass (batch_size=None: the
-    dataset makes the batch). No workers by default: for memmapped windows they cost more than they save.
+    dataset makes the batch, and collate_fn=tuple keeps it as it is). No workers by default: for memmapped windows they cost more than they save.
     Memory is pinned where CUDA is. Each rank of torch.distributed (or world_size and rank) gets its share,
     every rank the same number of steps, after the ranks checked that they see the same files and settings.
     """
@@ -712,7 +713,7 @@ def make_dataloaders(train: NpyTokensDataset, val: NpyTokensDataset, batch_size:
             raise TypeError(f"{name} must be an NpyTokensDataset, got {type(ds).__name__}")
     batch_size, workers = _check_int("batch_size", batch_size, 1), _check_int("num_workers", num_workers, 0)
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
-    options: dict[str, Any] = {"batch_size": None, "num_workers": workers, "pin_memory": pin}
+    options: dict[str, Any] = {"batch_size": None, "collate_fn": tuple, "num_workers": workers, "pin_memory": pin}
     if workers:  # DataLoader refuses these without workers
         options.update(persistent_workers=True, prefetch_factor=_check_int("prefetch_factor", prefetch_factor, 1))
     ranks = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
