@@ -3,6 +3,10 @@
     python python_files/prepare_tokens.py                                   # -> data/tinystories_sample/
     python python_files/prepare_tokens.py --dataset roneneldan/TinyStories  # -> data/tinystories/
 
+    from prepare_tokens import prepare
+    for result in prepare(out="data/tinystories_sample"):  # the bundled sample; a list of PreparedSplit
+        print(result.summary())  # train: 1,800 docs, 342,147 tokens, uint16 -> ... (written)
+
 Output, per split: <out>/<split>.npy, a real .npy file (np.load and np.load(mmap_mode="r") read it),
 or with --format bin a raw headerless <split>.bin (nanoGPT's layout); then <out>/<split>.npy.json
 (or <split>.bin.json), the sidecar that describes it. npy_datasets.open_tokens reads both.
@@ -14,16 +18,20 @@ command prints, <out>/<split>_[0-9][0-9][0-9][0-9][0-9][0-9].npy.
 Every document is written as [EOT, *tokens]: one end-of-text token (50256 for GPT-2) BEFORE each
 document, so the file starts with 50256 and n_docs == number of EOTs. The text is encoded with
 encode_ordinary, so a literal "<|endoftext|>" typed inside a story is ordinary text, never 50256.
+GPT-2's BPE comes from the files bundled in materials/tiktoken_cache, checked against their sha256
+(gpt2_encoding), so prep needs no network whatever TIKTOKEN_CACHE_DIR says.
 
 --dataset (default: the bundled sample materials/tinystories_sample) is either
-  * a Hub name such as roneneldan/TinyStories. When huggingface.co cannot be reached (or
-    HF_HUB_OFFLINE=1) only the local Hugging Face cache is tried, then a clear error is raised;
+  * a Hub name such as roneneldan/TinyStories. When huggingface.co cannot be reached it stops at
+    once with a clear error; with HF_HUB_OFFLINE=1 only the local Hugging Face cache is read;
   * a folder written by Dataset.save_to_disk / DatasetDict.save_to_disk;
   * a folder of .parquet / .json / .jsonl / .txt / .csv files (optionally .gz compressed), split
     by file name the way `datasets` does it (train.jsonl, validation.jsonl, ...);
   * one such file, which becomes the train split.
-In .txt files every line is one document (the `datasets` "text" builder); use .jsonl when a
-document spans several lines. Every row is a document, empty ones included.
+Local files are read on every run, never from the `datasets` cache, so the sidecar's input sha256
+always describes the text that was tokenized. In .txt files every line is one document (the
+`datasets` "text" builder); use .jsonl when a document spans several lines. Every row is a
+document, empty ones included.
 
 When the dataset has no validation split, validation is carved from train by a seeded
 permutation (--val-fraction, --seed) and train is what remains, whether or not validation was
@@ -38,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import math
@@ -50,63 +59,50 @@ import socket
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-_TIKTOKEN_CACHE = REPO_ROOT / "materials" / "tiktoken_cache"
-if _TIKTOKEN_CACHE.is_dir():  # committed GPT-2 files: tiktoken.get_encoding("gpt2") then needs no network
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_TIKTOKEN_CACHE))  # setdefault: your own setting wins
-
-import datasets  # noqa: E402
-import huggingface_hub.constants  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-import tiktoken  # noqa: E402
-from datasets.table import ConcatenationTable, MemoryMappedTable  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import tiktoken
+from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str  # GPT-2's split pattern, as tiktoken defines it
+from tqdm import tqdm
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # npy_datasets.py sits beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-from npy_datasets import (  # noqa: E402
-    FORMAT_VERSION, TokenFileError, _check_dtype, _sha256, read_sidecar, sidecar_path, token_dtype,
-)
+from npy_datasets import (  # noqa: E402  (importing it imports numpy only, never torch)
+    FORMAT_VERSION, TokenFileError, check_token_dtype, probe_sha256, read_sidecar, sidecar_path, token_dtype,
+)  # fmt: skip
 
 __all__ = [
-    "TextSplit",
-    "PreparedSplit",
-    "HubUnreachableError",
-    "hub_reachable",
-    "load_text_splits",
-    "carve_validation",
-    "tokenize_documents",
-    "npy_header",
-    "write_token_file",
-    "write_sidecar",
-    "clean_stale_temp_files",
-    "settings_fingerprint",
-    "prepare_split",
-    "prepare",
-    "main",
-]
+    "TextSplit", "PreparedSplit", "HubUnreachableError", "gpt2_encoding", "hub_reachable", "load_text_splits",
+    "carve_validation", "tokenize_documents", "npy_header", "write_token_file", "write_sidecar",
+    "clean_stale_temp_files", "settings_fingerprint", "shard_path", "prepare_split", "prepare", "main",
+]  # fmt: skip
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DATASET = "materials/tinystories_sample"  # bundled offline sample, relative to the repo root: the default input
+TIKTOKEN_FILES = REPO_ROOT / "materials" / "tiktoken_cache"  # GPT-2's BPE files, committed: no download
+GPT2_ENCODER_JSON = "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6"  # encoder.json, by tiktoken's cache name (sha1 of its url)
+GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"  # tiktoken_ext.openai_public.gpt2
 DEFAULT_SPLITS = ("train", "validation")  # TinyStories' two splits
 VALIDATION_SPLIT = "validation"  # the split carved from CARVE_SOURCE when a dataset has none
 CARVE_SOURCE = "train"  # documents for a missing validation split come from here
 VAL_FRACTION = 0.005  # share of train documents carved off as validation (at least one)
 SEED = 1337  # seeds the carve permutation, so every run carves the same documents
-ENCODING = "gpt2"  # tiktoken encoding: GPT-2's 50,257-token BPE
+ENCODING = "gpt2"  # tiktoken encoding: GPT-2's 50,257-token BPE (from TIKTOKEN_FILES)
 EOT_PLACEMENT = "prepend"  # EOT opens each document: a window starting at one sees a story from its start (llm.c)
-CHUNK_DOCS = 1024  # documents per thread-pool task: amortises task overhead, bounds memory to a few chunks
+CHUNK_DOCS = 1024  # documents per thread-pool task (and per read): amortises overhead, bounds memory
 LAYOUTS = ("npy", "bin")  # .npy with a header (np.load works), or raw headerless .bin (nanoGPT)
 NPY_HEADER_SIZE = 128  # bytes before the data: a multiple of 64 as numpy wants, with room for any 64-bit length
-HUB_PROBE_TIMEOUT_S = 3.0  # seconds to wait for huggingface.co before falling back to the local cache
+HUB_PROBE_TIMEOUT_S = 3.0  # seconds to wait for huggingface.co before giving up on the Hub
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}  # -> builder
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # datasets decompresses these by suffix
 CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
@@ -118,7 +114,7 @@ _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # no space, file-size li
 
 
 class HubUnreachableError(ConnectionError):
-    """A Hub dataset was asked for, the Hub cannot be reached, and the local cache does not have it."""
+    """A Hub dataset was asked for, and neither the Hub nor (with HF_HUB_OFFLINE=1) the local cache has it."""
 
 
 @dataclass(frozen=True)
@@ -126,9 +122,10 @@ class TextSplit:
     """The documents of one output split, and where they came from (the sidecar's "source")."""
 
     name: str  # split name written, e.g. "validation"
-    documents: datasets.Dataset  # one row per document
+    documents: datasets.Dataset | datasets.IterableDataset  # one row per document; local files are streamed
     column: str  # the column holding the text
     source: dict[str, Any]  # dataset, split, from_split, column, input_fingerprint (+ val_fraction, seed if carved)
+    rows: np.ndarray | None = None  # the rows of documents this split keeps, ascending (a carve); None: all
 
 
 @dataclass(frozen=True)
@@ -150,21 +147,19 @@ class PreparedSplit:
         status = "written" if self.written else "up to date"
         if self.shards:
             status = f"{len(self.shards):,} shard{'s' if len(self.shards) != 1 else ''}, {status}"
-        return (
-            f"{self.split}: {self.meta['n_docs']:,} docs, {self.meta['n_tokens']:,} tokens, "
-            f"{self.meta['dtype']} -> {_display_path(self.path)} ({status})"
-        )
+        return (f"{self.split}: {self.meta['n_docs']:,} docs, {self.meta['n_tokens']:,} tokens, "
+                f"{self.meta['dtype']} -> {_display_path(self.path)} ({status})")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
-# Parameter checks: everything is validated before any slow work starts.
+# Arguments: every rule in one place, checked before any slow work starts.
 
 
-def _check_positive_int(name: str, value: Any) -> int:
+def _whole(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be at least 1, got {value}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
     return int(value)
 
 
@@ -175,25 +170,13 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _check_num_threads(num_threads: int | None) -> int:
-    return _usable_cores() if num_threads is None else _check_positive_int("num_threads", num_threads)
+def _check_arguments(
+    *, splits: Sequence[str] | str = DEFAULT_SPLITS, val_fraction: Any = VAL_FRACTION, seed: Any = SEED,
+    layout: str = "npy", num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS, shard_tokens: int | None = None,
+) -> tuple[tuple[str, ...], int]:  # fmt: skip
+    """Refuse a bad argument with a ValueError or TypeError naming it; return (split names, thread count).
 
-
-def _check_carve(val_fraction: float, seed: int) -> None:
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float, np.floating)):
-        raise TypeError(f"val_fraction must be a number, got {val_fraction!r}")
-    if not (math.isfinite(val_fraction) and 0 < val_fraction < 1):
-        raise ValueError(f"val_fraction must be strictly between 0 and 1, got {val_fraction}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-
-
-def _check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-
-
-def _check_split_names(splits: Sequence[str] | str) -> tuple[str, ...]:
+    Every public function passes the arguments it takes; the defaults are valid."""
     names = (splits,) if isinstance(splits, str) else tuple(splits)
     if not names or not all(isinstance(s, str) and s for s in names):
         raise ValueError(f"splits must be one or more non-empty names, got {splits!r}")
@@ -201,11 +184,20 @@ def _check_split_names(splits: Sequence[str] | str) -> tuple[str, ...]:
         raise ValueError(f"splits must be distinct, got {list(names)}")
     for name in names:
         if not _SPLIT_NAME.fullmatch(name):  # "../x" or "/abs" would write outside the output folder
-            raise ValueError(
-                f"split name {name!r} cannot be a file name: use letters, digits, '_', '.' and '-', "
-                "starting with a letter, digit or '_'"
-            )
-    return names
+            raise ValueError(f"split name {name!r} cannot be a file name: use letters, digits, '_', '.' and '-', "
+                             "starting with a letter, digit or '_'")  # fmt: skip
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float, np.floating)):
+        raise TypeError(f"val_fraction must be a number, got {val_fraction!r}")
+    if not (math.isfinite(val_fraction) and 0 < val_fraction < 1):
+        raise ValueError(f"val_fraction must be strictly between 0 and 1, got {val_fraction}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    _whole("chunk_docs", chunk_docs)
+    if shard_tokens is not None:
+        _whole("shard_tokens", shard_tokens)
+    return names, _usable_cores() if num_threads is None else _whole("num_threads", num_threads)
 
 
 def _display_path(path: Path) -> str:
@@ -217,16 +209,35 @@ def _display_path(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading: Hub names and local files become one datasets.Dataset per output split.
+# The tokenizer: GPT-2's BPE from the bundled files.
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+@functools.cache
+def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encoding:
+    """GPT-2's encoding, equal to tiktoken.get_encoding("gpt2"), from folder's encoder.json after checking its sha256.
+
+    Nothing is downloaded or written (tiktoken's own loaders copy files into TIKTOKEN_CACHE_DIR), so no
+    TIKTOKEN_CACHE_DIR, elsewhere or read-only, can break an offline run. ValueError if the sha256 differs."""
+    path = Path(folder) / GPT2_ENCODER_JSON
+    raw = path.read_bytes()
+    if hashlib.sha256(raw).hexdigest() != GPT2_ENCODER_SHA256:
+        raise ValueError(f"{str(path)!r}: sha256 differs from GPT-2's encoder.json ({GPT2_ENCODER_SHA256}); restore it")
+    printable = [b for b in range(256) if chr(b).isprintable() and b != 32]  # GPT-2 spells byte b as chr(b) if printable,
+    others = [b for b in range(256) if b not in printable]  # and the others as chr(256), chr(257), ... in order
+    byte_of = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+    ranks = {bytes(map(byte_of.get, token)): rank for token, rank in json.loads(raw).items() if token != ENDOFTEXT}
+    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: Hub names and local files become one (Iterable)Dataset per output split.
 
 
 def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
     """Whether the Hub accepts a TCP connection within timeout seconds; False when offline mode is set."""
-    if _env_flag("HF_HUB_OFFLINE") or _env_flag("HF_DATASETS_OFFLINE") or datasets.config.HF_HUB_OFFLINE:
+    flags = (os.environ.get(v, "").strip().upper() for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    if datasets.config.HF_HUB_OFFLINE or any(flag in {"1", "ON", "YES", "TRUE"} for flag in flags):
         return False
     url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     address = (url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443))
@@ -239,21 +250,6 @@ def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
 
     threading.Thread(target=probe, daemon=True).start()
     return answered.wait(timeout)  # the wait also bounds the DNS lookup, which the socket timeout does not
-
-
-@contextlib.contextmanager
-def _hub_offline() -> Iterator[None]:
-    """Make datasets and huggingface_hub use only the local cache, as HF_HUB_OFFLINE=1 at start-up would."""
-    flags = [(datasets.config, "HF_HUB_OFFLINE"), (datasets.config, "HF_DATASETS_OFFLINE"),
-             (huggingface_hub.constants, "HF_HUB_OFFLINE")]  # read by the libraries at call time
-    saved = [getattr(module, name) for module, name in flags]
-    for module, name in flags:
-        setattr(module, name, True)
-    try:
-        yield
-    finally:
-        for (module, name), value in zip(flags, saved):
-            setattr(module, name, value)
 
 
 def _builder_for(name: str) -> str | None:
@@ -277,80 +273,91 @@ def _resolve_dataset(dataset: str | os.PathLike | None) -> tuple[str, Path | Non
     return name, None
 
 
-def _sample_hint() -> str:
-    sample = _display_path(REPO_ROOT / SAMPLE_DATASET)
-    return f"Use the bundled sample instead: omit --dataset, or pass --dataset {sample}"
-
-
-def _load_hub(name: str) -> tuple[dict[str, datasets.Dataset], dict[str, str]]:
-    """All splits of a Hub dataset, from the cache alone when the Hub is unreachable."""
-    if hub_reachable():
-        loaded = datasets.load_dataset(name)
-    else:
-        try:
-            with _hub_offline():
-                loaded = datasets.load_dataset(name)
-        except OSError as e:  # ConnectionError / FileNotFoundError: not in the local cache either
-            raise HubUnreachableError(
-                f"cannot load {name!r}: the Hugging Face Hub is unreachable (no network, or "
-                f"HF_HUB_OFFLINE=1) and the dataset is not in the local cache; no local file or "
-                f"folder named {name!r} exists either. {_sample_hint()}"
-            ) from e
-    return dict(loaded), {split: f"datasets:{ds._fingerprint}" for split, ds in loaded.items()}
-
-
 def _sha256_files(paths: Iterable[str]) -> str:
     """sha256 over the files' own sha256 values, in order: identical bytes give identical ids."""
-    return hashlib.sha256(" ".join(_sha256(Path(path)) for path in paths).encode()).hexdigest()
+    digests = []
+    for path in paths:
+        with open(path, "rb") as f:
+            digests.append(hashlib.file_digest(f, "sha256").hexdigest())
+    return "sha256:" + hashlib.sha256(" ".join(digests).encode()).hexdigest()
 
 
-def _load_local(path: Path) -> tuple[dict[str, datasets.Dataset], dict[str, str]]:
-    """All splits of a local dataset, and an identity per split that changes when its input does."""
+def _cache_files(loaded: dict[str, datasets.Dataset]) -> dict[str, list[str]]:
+    """The Arrow files behind each split of a loaded dataset (its public cache_files)."""
+    return {split: [f["filename"] for f in ds.cache_files] for split, ds in loaded.items()}
+
+
+def _load_hub(name: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """All splits of a Hub dataset, and their files. Unreachable: stop now (datasets would retry for
+    half a minute); with HF_HUB_OFFLINE=1 set by the user, datasets reads its local cache alone."""
+    offline = datasets.config.HF_HUB_OFFLINE
+    sample = _display_path(REPO_ROOT / SAMPLE_DATASET)
+    why = ("the Hugging Face Hub is unreachable (HF_HUB_OFFLINE=1) and the dataset is not in the local cache" if offline
+           else "the Hugging Face Hub is unreachable; if the dataset is in your local cache, set HF_HUB_OFFLINE=1 to read it")
+    error = HubUnreachableError(f"cannot load {name!r}: {why}; no local file or folder named {name!r} exists either. "
+                                f"Use the bundled sample instead: omit --dataset, or pass --dataset {sample}")  # fmt: skip
+    if not offline and not hub_reachable():
+        raise error
+    try:
+        loaded = dict(datasets.load_dataset(name))
+    except OSError as e:  # ConnectionError / FileNotFoundError: offline, and not in the local cache either
+        if not offline:
+            raise
+        raise error from e
+    return loaded, _cache_files(loaded)
+
+
+def _load_local(path: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """All splits of a local dataset and their files; data files are streamed, never converted into a cache."""
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-        loaded = datasets.load_from_disk(str(path))  # a save_to_disk folder
-        if isinstance(loaded, datasets.Dataset):
-            loaded = {CARVE_SOURCE: loaded}
-        return dict(loaded), {split: f"datasets:{ds._fingerprint}" for split, ds in loaded.items()}
+        loaded = datasets.load_from_disk(str(path))  # a save_to_disk folder: its Arrow files are the data
+        loaded = {CARVE_SOURCE: loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
+        return loaded, _cache_files(loaded)
     if path.is_file():
-        builder_name = _builder_for(path.name)
-        if builder_name is None:
+        if (builder_name := _builder_for(path.name)) is None:
             raise ValueError(f"{path}: unsupported file type; expected one of {sorted(FILE_BUILDERS)} (optionally .gz)")
         builder = datasets.load_dataset_builder(builder_name, data_files={CARVE_SOURCE: str(path)})
     else:
         builder = datasets.load_dataset_builder(str(path))  # datasets finds the files and their splits
     files = {str(split): list(paths) for split, paths in builder.config.data_files.items()}
-    with ThreadPoolExecutor(1, thread_name_prefix="sha256") as pool:  # hash the input files while datasets converts them
-        identities = pool.submit(lambda: {split: f"sha256:{_sha256_files(paths)}" for split, paths in files.items()})
-        builder.download_and_prepare()
-    return dict(builder.as_dataset()), identities.result()
+    return dict(builder.as_streaming_dataset()), files
 
 
-def _check_text_column(documents: datasets.Dataset, column: str, where: str) -> None:
-    """Refuse a missing or non-text column, an empty split, or a None cell, naming the place."""
-    if column not in documents.column_names:
-        raise ValueError(f"column {column!r} not found in {where}; available: {documents.column_names}")
-    feature = documents.features[column]
-    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-        raise ValueError(f"column {column!r} in {where} holds {feature}, not text")
-    if len(documents) == 0:
+def _batches(documents: Any, where: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """documents as Arrow tables of up to CHUNK_DOCS rows; an input that cannot be read is a ValueError naming where."""
+    if columns is not None:
+        documents = documents.select_columns(columns)
+    batches = iter(documents.with_format("arrow").iter(batch_size=CHUNK_DOCS))
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (OSError, ValueError, EOFError, RuntimeError) as e:  # bad JSON or UTF-8, a truncated .gz, ...
+            raise ValueError(f"cannot read {where}: {e}") from e
+        yield batch
+
+
+def _check_text_column(documents: Any, column: str, where: str) -> None:
+    """Refuse a missing or non-text column, or an empty split, from its first row, naming the place."""
+    first = next(_batches(documents, where), None)
+    if first is None or first.num_rows == 0:
         raise ValueError(f"{where} has no documents")
-    cells = documents.data.column(column)
-    if cells.null_count:
-        row = pc.index(pc.is_null(cells), True).as_py()
-        raise ValueError(f"{where} row {row}: column {column!r} is None; every document must be a string")
+    if column not in first.column_names:
+        raise ValueError(f"column {column!r} not found in {where}; available: {first.column_names}")
+    kind = first.schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ValueError(f"column {column!r} in {where} holds {kind}, not text")
 
 
-def carve_validation(
-    train: datasets.Dataset, val_fraction: float = VAL_FRACTION, seed: int = SEED
-) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Split train's documents into (rest, validation) by a seeded permutation; each keeps its order."""
-    _check_carve(val_fraction, seed)
-    n = len(train)
-    n_val = max(1, round(n * val_fraction))
-    if n_val >= n:
-        raise ValueError(f"cannot carve validation from {n} train document(s): both splits need at least one")
-    order = np.random.default_rng(seed).permutation(n)
-    return train.select(np.sort(order[n_val:])), train.select(np.sort(order[:n_val]))
+def carve_validation(n_docs: int, val_fraction: float = VAL_FRACTION, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
+    """Split rows 0..n_docs-1 into (rest, validation) by a seeded permutation; each ascending, so order is kept."""
+    _check_arguments(val_fraction=val_fraction, seed=seed)
+    n_val = max(1, round(n_docs * val_fraction))
+    if n_val >= n_docs:
+        raise ValueError(f"cannot carve validation from {n_docs} train document(s): both splits need at least one")
+    order = np.random.default_rng(seed).permutation(n_docs)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
 def load_text_splits(
@@ -361,122 +368,85 @@ def load_text_splits(
     seed: int = SEED,
 ) -> dict[str, TextSplit]:
     """Load the requested splits of a Hub or local dataset (None: the bundled sample), carving validation if missing."""
-    _check_carve(val_fraction, seed)
-    names = _check_split_names(splits)
+    names, _ = _check_arguments(splits=splits, val_fraction=val_fraction, seed=seed)
     name, path = _resolve_dataset(dataset)
-    loaded, identities = _load_hub(name) if path is None else _load_local(path)
+    loaded, files = _load_hub(name) if path is None else _load_local(path)
     carve = VALIDATION_SPLIT not in loaded and CARVE_SOURCE in loaded
     from_split = {s: CARVE_SOURCE if carve and s in (CARVE_SOURCE, VALIDATION_SPLIT) else s for s in names}
     for source in dict.fromkeys(from_split.values()):
         if source not in loaded:
             raise ValueError(f"split {source!r} not found in {name}; available: {sorted(loaded)}")
         _check_text_column(loaded[source], column, f"{name} split {source}")
-    if carve:
-        loaded[CARVE_SOURCE], loaded[VALIDATION_SPLIT] = carve_validation(loaded[CARVE_SOURCE], val_fraction, seed)
+    rows: dict[str, np.ndarray] = {}
+    if CARVE_SOURCE in from_split.values() and carve:
+        train, where = loaded[CARVE_SOURCE], f"{name} split {CARVE_SOURCE}"
+        n = len(train) if isinstance(train, datasets.Dataset) else sum(b.num_rows for b in _batches(train, where, [column]))
+        rows[CARVE_SOURCE], rows[VALIDATION_SPLIT] = carve_validation(n, val_fraction, seed)
+    identity = {source: _sha256_files(files[source]) for source in set(from_split.values())}  # each input hashed once
     result = {}
     for s in names:
         source = {"dataset": name, "split": s, "from_split": from_split[s], "column": column,
-                  "input_fingerprint": identities[from_split[s]]}  # fmt: skip
-        if carve and from_split[s] == CARVE_SOURCE:
+                  "input_fingerprint": identity[from_split[s]]}  # fmt: skip
+        if s in rows:
             source.update(val_fraction=float(val_fraction), seed=int(seed))
-        result[s] = TextSplit(s, loaded[s], column, source)
+        result[s] = TextSplit(s, loaded[from_split[s]], column, source, rows.get(s))
     return result
 
 
-def _arrow_files(documents: datasets.Dataset) -> list[tuple[str, int]] | None:
-    """(path, rows) of the Arrow files that hold documents' table unchanged, in order; None if it is anything else.
-
-    None for a table in memory, one with columns joined side by side, and one with a recorded change
-    other than its schema metadata (a slice, a rename, a cast): their rows are not the files' rows.
-    """
-    table = documents.data
-    blocks = table.blocks if isinstance(table, ConcatenationTable) else [[table]]
-    files = []
-    for row in blocks:
-        if len(row) != 1 or not isinstance(row[0], MemoryMappedTable):
-            return None
-        if any(replay[0] != "replace_schema_metadata" for replay in row[0].replays):
-            return None
-        files.append((row[0].path, row[0].num_rows))
-    return files
-
-
-def _iter_texts(documents: datasets.Dataset, column: str, batch_size: int = CHUNK_DOCS) -> Iterator[str]:
-    """Every document's text, in order, read so that memory does not grow with the corpus.
-
-    Iterating a Dataset reads its Arrow files through a memory map, and every page read stays
-    resident: the process grows by the size of the corpus. When documents is its files as written
-    (or a sorted selection of their rows, as carve_validation makes), the files are read as a stream
-    instead, one record batch at a time. Anything else (in memory, sliced, shuffled) goes through the Dataset.
-    """
-    files = _arrow_files(documents)
-    indices = getattr(documents, "_indices", None)  # the rows a select() kept, None for all of them
-    rows = None if files is None or indices is None else indices.column(0).to_numpy()
-    if files is None or (rows is not None and np.any(rows[1:] <= rows[:-1])):
-        for batch in documents.select_columns([column]).iter(batch_size=batch_size):
-            yield from batch[column]
-        return
-    first = 0  # index of the next record batch's first row, counted over all files
-    for path, n_rows in files:
-        begin = first
-        with pa.OSFile(path) as f:  # read(), not a memory map: a batch's memory is freed once its texts are out
-            for batch in pa.ipc.open_stream(f):
-                texts = batch.column(column)
-                if rows is not None:  # only this batch's selected rows, in order
-                    lo, hi = np.searchsorted(rows, [first, first + batch.num_rows])
-                    texts = texts.take(pa.array(rows[lo:hi] - first))
-                first += batch.num_rows
-                yield from texts.to_pylist()
-        if first - begin != n_rows:
-            raise RuntimeError(f"{path} holds {first - begin} rows, the dataset {n_rows}; did the file change?")
+def _iter_texts(split: TextSplit) -> Iterator[str]:
+    """Every document's text in order (only split.rows when set), read a batch at a time: memory stays flat."""
+    where = f"{split.source['dataset']} split {split.source.get('from_split', split.name)}"
+    first, rows = 0, split.rows  # first: the row number of the batch's first row
+    for batch in _batches(split.documents, where, [split.column]):
+        cells = batch.column(split.column)
+        if cells.null_count:
+            row = first + pc.index(pc.is_null(cells), True).as_py()
+            raise ValueError(f"{where} row {row}: column {split.column!r} is None; every document must be a string")
+        if rows is not None:  # only this batch's kept rows, in order
+            lo, hi = np.searchsorted(rows, [first, first + len(cells)])
+            cells = cells.take(pa.array(rows[lo:hi] - first))
+        first += batch.num_rows
+        yield from cells.to_pylist()
     if rows is not None and len(rows) and rows[-1] >= first:
-        raise RuntimeError(f"row {rows[-1]} was selected, but the dataset's files hold {first} rows")
+        raise ValueError(f"{where} now holds {first} rows, fewer than when it was carved; did it change?")
 
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizing: chunks of documents on a thread pool, results always in input order.
 
 
-def _encode_ordinary_array(enc: tiktoken.Encoding, text: str) -> np.ndarray:
-    """encode_ordinary's ids as a uint32 array, made in Rust without a Python list of ints."""
-    try:
-        return enc.encode_to_numpy(text, disallowed_special=())  # nothing allowed, nothing refused: = encode_ordinary
-    except UnicodeEncodeError:  # a lone surrogate: encode_ordinary replaces it with U+FFFD (tiktoken's own fix)
-        return np.array(enc.encode_ordinary(text), dtype=np.uint32)
-
-
 def _encode_chunk(enc: tiktoken.Encoding, texts: list[str]) -> np.ndarray:
     """[EOT, *ids] for each text, concatenated into one uint32 array; no special token is ever emitted."""
-    eot = np.array([enc.eot_token], dtype=np.uint32)
-    parts = []
+    eot, parts = np.array([enc.eot_token], dtype=np.uint32), []
     for text in texts:
-        parts += (eot, _encode_ordinary_array(enc, text))
+        try:  # encode_ordinary's ids, made in Rust as an array; nothing allowed, nothing refused
+            ids = enc.encode_to_numpy(text, disallowed_special=())
+        except UnicodeEncodeError:  # a lone surrogate: encode_ordinary replaces it with U+FFFD (tiktoken's own fix)
+            ids = np.array(enc.encode_ordinary(text), dtype=np.uint32)
+        parts += (eot, ids)
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
-
-
-def _tokenize_in_order(
-    texts: Iterator[str], enc: tiktoken.Encoding, num_threads: int, chunk_docs: int
-) -> Iterator[np.ndarray]:
-    pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tokenize")
-    pending: deque[Future[np.ndarray]] = deque()  # oldest first: yielding from the left keeps input order
-    try:
-        while batch := list(islice(texts, chunk_docs)):
-            pending.append(pool.submit(_encode_chunk, enc, batch))
-            if len(pending) > 2 * num_threads:  # enough queued to keep every thread busy: wait for the oldest
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def tokenize_documents(
     texts: Iterable[str], enc: tiktoken.Encoding, *, num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS
 ) -> Iterator[np.ndarray]:
     """Yield one uint32 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids]."""
-    num_threads = _check_num_threads(num_threads)  # checked now, not at the first next()
-    chunk_docs = _check_positive_int("chunk_docs", chunk_docs)
-    return _tokenize_in_order(iter(texts), enc, num_threads, chunk_docs)
+    _, num_threads = _check_arguments(num_threads=num_threads, chunk_docs=chunk_docs)  # now, not at the first next()
+
+    def in_order(texts: Iterator[str]) -> Iterator[np.ndarray]:
+        pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tokenize")
+        pending: deque[Future[np.ndarray]] = deque()  # oldest first: yielding from the left keeps input order
+        try:
+            while batch := list(islice(texts, chunk_docs)):
+                pending.append(pool.submit(_encode_chunk, enc, batch))
+                if len(pending) > 2 * num_threads:  # enough queued to keep every thread busy: wait for the oldest
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return in_order(iter(texts))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,7 +455,7 @@ def tokenize_documents(
 
 def npy_header(dtype: Any, n_tokens: int) -> bytes:
     """A .npy format 1.0 header for a 1-D array of n_tokens, always NPY_HEADER_SIZE bytes long."""
-    descr = _check_dtype(dtype, "token dtype").str  # e.g. '<u2'
+    descr = check_token_dtype(dtype, "token dtype").str  # e.g. '<u2'
     fields = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({int(n_tokens)},), }}"
     text_len = NPY_HEADER_SIZE - 10  # after magic (6 bytes), version (2) and the length field (2)
     if len(fields) >= text_len:
@@ -500,50 +470,40 @@ def _as_token_array(chunk: Any, dtype: np.dtype) -> np.ndarray:
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise TypeError(f"a chunk must be a 1-D array of integer ids, got {ids.dtype} with shape {ids.shape}")
     if ids.size:
-        top = np.iinfo(dtype).max
-        lo, hi = int(ids.min()), int(ids.max())
+        top, lo, hi = np.iinfo(dtype).max, int(ids.min()), int(ids.max())
         if lo < 0 or hi > top:
-            bad = lo if lo < 0 else hi
             wider = "; uint32 holds ids up to 4,294,967,295" if dtype.itemsize < 4 else ""
-            raise ValueError(f"token id {bad} does not fit {dtype.name} (valid ids: 0 to {top:,}){wider}")
+            raise ValueError(f"token id {lo if lo < 0 else hi} does not fit {dtype.name} (valid ids: 0 to {top:,}){wider}")
     return ids.astype(dtype, copy=False)
 
 
 def _fsync_dir(folder: Path) -> None:
     """Make renames and deletions in folder durable (POSIX only: Windows cannot fsync a folder)."""
-    if os.name == "nt":
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _temp_name(path: Path) -> Path:
-    """.<name>.tmp.<pid>.<random> beside path: the form clean_stale_temp_files recognises."""
-    return path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
-
-
-def _create_temp(path: Path) -> tuple[int, Path]:
-    """Open a new, empty temp file beside path; O_EXCL never reuses an existing file."""
-    while True:
-        tmp = _temp_name(path)
+    if os.name != "nt":
+        fd = os.open(folder, os.O_RDONLY)
         try:
-            return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _new_temp(path: Path, create: Callable[[Path], Any]) -> Any:
+    """create(.<name>.tmp.<pid>.<random>) beside path, the form clean_stale_temp_files knows; create must
+    refuse an existing name (FileExistsError), and a fresh name is drawn then: a planted link is never followed."""
+    while True:
+        try:
+            return create(path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}"))
         except FileExistsError:
             continue
 
 
-def _create_temp_dir(path: Path) -> Path:
-    """Make a new, empty folder beside path, named like the temp files, so killed runs' leftovers are cleaned."""
-    while True:
-        tmp = _temp_name(path)
-        try:
-            tmp.mkdir()
-            return tmp
-        except FileExistsError:
-            continue
+def _open_new(tmp: Path) -> tuple[int, Path]:
+    return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+
+
+def _make_dir(tmp: Path) -> Path:
+    tmp.mkdir()
+    return tmp
 
 
 @contextlib.contextmanager
@@ -553,7 +513,7 @@ def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[Bi
     drop_first (the old sidecar) is deleted just before the rename, so a crash between the two
     leaves a token file without a sidecar (incomplete), never a new file with a stale sidecar.
     """
-    fd, tmp = _create_temp(path)
+    fd, tmp = _new_temp(path, _open_new)
     renamed = False
     try:
         with os.fdopen(fd, "w+b") as f:
@@ -575,21 +535,12 @@ def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[Bi
             tmp.unlink(missing_ok=True)
 
 
-def _sha256_of(f: BinaryIO) -> str:
-    f.seek(0)
-    h = hashlib.sha256()
-    while block := f.read(1 << 20):
-        h.update(block)
-    return h.hexdigest()
-
-
 def write_token_file(
     chunks: Iterable[Any], path: str | os.PathLike, dtype: Any = np.uint16, layout: str = "npy"
 ) -> dict[str, Any]:
     """Stream id chunks into path atomically (its old sidecar is deleted); return counts, size and sha256."""
-    path = Path(path)
-    dtype = _check_dtype(dtype, "token dtype")
-    _check_layout(layout)
+    path, dtype = Path(path), check_token_dtype(dtype, "token dtype")
+    _check_arguments(layout=layout)
     if path.suffix != f".{layout}":
         raise ValueError(f"a {layout} token file must end in .{layout}, got {path.name!r}")
     n_tokens, max_token_id = 0, -1
@@ -609,7 +560,8 @@ def write_token_file(
             f.write(npy_header(dtype, n_tokens))  # the true length, over the placeholder
         f.flush()
         file_size = os.fstat(f.fileno()).st_size
-        sha256 = _sha256_of(f)  # one read of the finished file, in 1 MiB blocks
+        f.seek(0)
+        sha256 = hashlib.file_digest(f, "sha256").hexdigest()  # one read of the finished file
     return {"n_tokens": n_tokens, "max_token_id": max_token_id, "file_size": file_size, "sha256": sha256}
 
 
@@ -634,46 +586,47 @@ def _pid_alive(pid: int) -> bool:
 
 
 def clean_stale_temp_files(out_dir: str | os.PathLike) -> list[Path]:
-    """Delete temp files (and shard staging folders) that killed runs left in out_dir, not those of a
-    run still alive; return them."""
+    """Delete the temp files and shard staging folders that killed runs left in out_dir (not those of a
+    run still alive); return them."""
     removed = []
-    folder = Path(out_dir)
-    if not folder.is_dir():
-        return removed
-    for entry in folder.iterdir():
+    for entry in Path(out_dir).iterdir() if Path(out_dir).is_dir() else ():
         match = _TEMP_NAME.fullmatch(entry.name)
         if match is None or entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
             continue
-        pid = int(match["pid"])
-        if pid != os.getpid() and _pid_alive(pid):
+        if int(match["pid"]) != os.getpid() and _pid_alive(int(match["pid"])):
             continue  # another run is writing it right now
         with contextlib.suppress(OSError):
-            if entry.is_dir():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
             removed.append(entry)
     return removed
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while a few renames must not be cut in half, then deliver them.
+
+    Only the main thread can change signal handlers; elsewhere signals never interrupt this thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if caught:
+            signal.raise_signal(caught[0])  # now, to the handler that was in place
+
+
 # ---------------------------------------------------------------------------------------------
-# Putting it together.
+# Putting it together: one tokenize path, into one file or into shards.
 
 
 def settings_fingerprint(settings: dict[str, Any]) -> str:
     """sha256 hex of settings as canonical JSON: equal fingerprints mean byte-identical token files."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _up_to_date(path: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The sidecar of path if it records fingerprint and the file still has its recorded size."""
-    try:
-        meta = read_sidecar(path)
-    except TokenFileError:
-        return None  # unreadable sidecar: rebuild
-    if meta is None or meta.get("settings_fingerprint") != fingerprint or not path.is_file():
-        return None
-    return meta if path.stat().st_size == meta["file_size"] else None
 
 
 def shard_path(out: str | os.PathLike, split: str, index: int, layout: str = "npy") -> Path:
@@ -686,24 +639,40 @@ def shard_path(out: str | os.PathLike, split: str, index: int, layout: str = "np
 def _existing_shards(out: Path, split: str, layout: str) -> dict[int, Path]:
     """The shard files of split in out, by index (only exact <split>_dddddd.<layout> names)."""
     name = re.compile(rf"{re.escape(split)}_(\d{{{SHARD_DIGITS}}})\.{layout}")
-    found = {}
-    if out.is_dir():
-        for entry in out.iterdir():
-            if (match := name.fullmatch(entry.name)) is not None:
-                found[int(match[1])] = entry
-    return found
+    matches = (name.fullmatch(entry.name) for entry in (out.iterdir() if out.is_dir() else ()))
+    return {int(m[1]): out / m[0] for m in matches if m is not None}
 
 
-def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[Iterator[np.ndarray]]:
+def _up_to_date(paths: list[Path], fingerprint: str, sharded: bool) -> list[dict[str, Any]] | None:
+    """The sidecars of paths if every file is whole (recorded size) and recorded with fingerprint, else None.
+    Shards must also be one complete set: each sidecar's count is the number of paths."""
+    metas = []
+    for path in paths:
+        try:
+            meta = read_sidecar(path)
+        except TokenFileError:
+            return None  # unreadable sidecar: rebuild
+        if meta is None or meta.get("settings_fingerprint") != fingerprint or not path.is_file():
+            return None
+        if path.stat().st_size != meta["file_size"] or sharded and (meta.get("shard") or {}).get("count") != len(paths):
+            return None
+        metas.append(meta)
+    return metas or None
+
+
+def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int | None) -> Iterator[Iterator[np.ndarray]]:
     """Cut a stream of id chunks into shards: one iterator per shard, exactly shard_tokens ids each
-    but the last, which holds the rest (never empty). Consume each shard before asking for the next."""
+    but the last, which holds the rest (never empty); None: one stream of everything.
+    Consume each shard before asking for the next."""
     chunks = iter(chunks)
+    if shard_tokens is None:
+        yield chunks
+        return
     carry: list[np.ndarray] = []  # at most one array: ids read but not yet handed out
 
     def pending() -> bool:
         while not carry:
-            chunk = next(chunks, None)
-            if chunk is None:
+            if (chunk := next(chunks, None)) is None:
                 return False
             if len(chunk):
                 carry.append(chunk)
@@ -723,32 +692,60 @@ def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[
         yield shard()
 
 
-def _with_progress(
-    chunks: Iterable[np.ndarray], bar: tqdm, eot_id: int, docs: list[int] | None = None
-) -> Iterator[np.ndarray]:
-    """Pass chunks through, advancing bar by the documents starting in them (one EOT each), and
-    adding them to docs[0] when docs is given."""
+def _counting_documents(chunks: Iterable[np.ndarray], eot_id: int, bar: tqdm, starts: list[int]) -> Iterator[np.ndarray]:
+    """chunks, passed through; each adds the documents starting in it (one EOT each) to starts and to bar."""
     for chunk in chunks:
-        starts = int(np.count_nonzero(chunk == eot_id))
-        bar.update(starts)
-        if docs is not None:
-            docs[0] += starts
+        starts.append(int(np.count_nonzero(chunk == eot_id)))
+        bar.update(starts[-1])
         yield chunk
 
 
-def _sidecar_meta(
-    path: Path, stats: dict[str, Any], n_docs: int, source: dict[str, Any], enc: tiktoken.Encoding,
-    settings: dict[str, Any], fingerprint: str,
-) -> dict[str, Any]:  # fmt: skip
-    """The sidecar of a token file write_token_file wrote (stats) with these settings."""
+def _check_no_foreign_shard_names(out: Path, name: str, layout: str) -> None:
+    """Refuse to shard split name over files that have shard names but are not its shards (another
+    split called e.g. train_000001 has written train_000001.npy): they would be replaced or deleted."""
+    for path in _existing_shards(out, name, layout).values():
+        with contextlib.suppress(TokenFileError):  # unreadable: an unfinished shard at worst, rebuilt like one
+            meta = read_sidecar(path)
+            if meta is not None and not (isinstance(meta.get("shard"), dict) and
+                                         isinstance(meta.get("source"), dict) and meta["source"].get("split") == name):  # fmt: skip
+                raise ValueError(f"{str(path)!r} is not a shard of split {name!r} (its sidecar says otherwise), but has a "
+                                 f"shard's name; sharding {name!r} would replace or delete it. Move it, or choose another --out")  # fmt: skip
+
+
+def _swap_in_shards(out: Path, name: str, layout: str, staging: Path, paths: list[Path]) -> None:
+    """Replace split name's shards in out by the staged ones. Until the new sidecars are written, no shard
+    of the split looks finished: the old sidecars go first, then old shards past the new count."""
+    old = _existing_shards(out, name, layout)
+    for stale in old.values():
+        sidecar_path(stale).unlink(missing_ok=True)
+    for index, stale in old.items():
+        if index >= len(paths):  # left by an earlier run with smaller shards or more text
+            stale.unlink(missing_ok=True)
+    _fsync_dir(out)
+    for path in paths:
+        os.replace(staging / path.name, path)
+    _fsync_dir(out)
+
+
+def _sidecar_meta(path: Path, stats: dict[str, Any], n_docs: int, source: dict[str, Any],
+                  enc: tiktoken.Encoding, settings: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The sidecar of a token file write_token_file wrote (stats) with these settings; call it once path is final."""
     return {
         "format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "layout": settings["layout"],
         "dtype": settings["dtype"], "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
-        "file_size": stats["file_size"], "sha256": stats["sha256"], "tokenizer": settings["tokenizer"],
-        "n_vocab": enc.n_vocab, "eot_id": enc.eot_token, "eot_placement": EOT_PLACEMENT,
-        "max_token_id": stats["max_token_id"], "n_docs": n_docs, "source": source,
-        "settings_fingerprint": fingerprint, "created_by": CREATED_BY,
+        "file_size": stats["file_size"], "sha256": stats["sha256"], "probe_sha256": probe_sha256(path),
+        "tokenizer": settings["tokenizer"], "n_vocab": enc.n_vocab, "eot_id": enc.eot_token,
+        "eot_placement": EOT_PLACEMENT, "max_token_id": stats["max_token_id"], "n_docs": n_docs, "source": source,
+        "settings_fingerprint": settings_fingerprint(settings), "created_by": CREATED_BY,
     }  # fmt: skip
+
+
+def _totals(metas: list[dict[str, Any]]) -> dict[str, Any]:
+    """One meta for a sharded split: the shards' common fields, with n_tokens, n_docs and max_token_id over all."""
+    per_file = ("file", "file_size", "sha256", "probe_sha256", "shape", "shard")
+    return {**{key: value for key, value in metas[0].items() if key not in per_file},
+            "n_tokens": sum(m["n_tokens"] for m in metas), "n_docs": sum(m["n_docs"] for m in metas),
+            "max_token_id": max(m["max_token_id"] for m in metas), "n_shards": len(metas)}  # fmt: skip
 
 
 def prepare_split(
@@ -766,156 +763,56 @@ def prepare_split(
     """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists.
 
     With shard_tokens, into <out>/<split>_000000.<layout>, ... of shard_tokens ids each (the last: the
-    rest), each with its sidecar; shards a previous run left beyond the new last one are deleted.
+    rest), each with its sidecar. Shards are written into a staging folder, then swapped in: a run that
+    fails or is killed before the swap leaves the previous shards whole; shards of an earlier run beyond
+    the new last one are deleted.
     """
-    _check_layout(layout)
-    _check_split_names(split.name)
-    num_threads = _check_num_threads(num_threads)
-    chunk_docs = _check_positive_int("chunk_docs", chunk_docs)
-    if shard_tokens is not None:
-        shard_tokens = _check_positive_int("shard_tokens", shard_tokens)
-    dtype = token_dtype(enc.n_vocab)
-    path = Path(out) / f"{split.name}.{layout}"
-    tokenizer = f"tiktoken:{enc.name}"
+    _, num_threads = _check_arguments(splits=split.name, layout=layout, num_threads=num_threads,
+                                      chunk_docs=chunk_docs, shard_tokens=shard_tokens)  # fmt: skip
+    out, dtype, sharded = Path(out), token_dtype(enc.n_vocab), shard_tokens is not None
     settings = {  # everything that decides the bytes; not the dataset's spelling, threads or chunk size
         **{key: value for key, value in split.source.items() if key != "dataset"},
-        "tokenizer": tokenizer, "n_vocab": enc.n_vocab, "eot_id": enc.eot_token, "eot_placement": EOT_PLACEMENT,
-        "dtype": dtype.name, "layout": layout, "format_version": FORMAT_VERSION,
+        "tokenizer": f"tiktoken:{enc.name}", "n_vocab": enc.n_vocab, "eot_id": enc.eot_token,
+        "eot_placement": EOT_PLACEMENT, "dtype": dtype.name, "layout": layout, "format_version": FORMAT_VERSION,
+        **({"shard_tokens": int(shard_tokens)} if sharded else {}),  # only when sharded: one-file fingerprints stay
     }  # fmt: skip
-    if shard_tokens is not None:
-        settings["shard_tokens"] = shard_tokens  # only when sharded: one-file fingerprints stay as they were
-        return _prepare_shards(split, Path(out), enc, settings, layout, num_threads, chunk_docs, force, progress)
-    fingerprint = settings_fingerprint(settings)
-    if not force and (meta := _up_to_date(path, fingerprint)) is not None:
-        return PreparedSplit(split.name, path, meta, written=False)
+    path = out / f"{split.name}_{'[0-9]' * SHARD_DIGITS}.{layout}" if sharded else out / f"{split.name}.{layout}"
+    existing = [p for _, p in sorted(_existing_shards(out, split.name, layout).items())] if sharded else [path]
+    if not force and (metas := _up_to_date(existing, settings_fingerprint(settings), sharded)) is not None:
+        return PreparedSplit(split.name, path, _totals(metas) if sharded else metas[0], False,
+                             tuple(out / m["file"] for m in metas) if sharded else ())  # fmt: skip
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    texts = _iter_texts(split.documents, split.column, chunk_docs)
-    chunks = tokenize_documents(texts, enc, num_threads=num_threads, chunk_docs=chunk_docs)
-    bar = tqdm(total=len(split.documents), desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
-    with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails
-        stats = write_token_file(_with_progress(chunks, bar, enc.eot_token), path, dtype, layout)
-    meta = _sidecar_meta(path, stats, len(split.documents), split.source, enc, settings, fingerprint)
-    write_sidecar(path, meta)
-    return PreparedSplit(split.name, path, meta, written=True)
-
-
-def _shard_totals(metas: list[dict[str, Any]]) -> dict[str, Any]:
-    """One meta for a sharded split: the shards' common fields, with n_tokens, n_docs and max_token_id over all."""
-    per_file = ("file", "file_size", "sha256", "shape", "shard")
-    return {
-        **{key: value for key, value in metas[0].items() if key not in per_file},
-        "n_tokens": sum(m["n_tokens"] for m in metas), "n_docs": sum(m["n_docs"] for m in metas),
-        "max_token_id": max(m["max_token_id"] for m in metas), "n_shards": len(metas),
-    }  # fmt: skip
-
-
-def _shards_up_to_date(out: Path, name: str, layout: str, fingerprint: str) -> list[dict[str, Any]] | None:
-    """The sidecars of split name's shards if all of them, and no others, are up to date with fingerprint."""
-    found = _existing_shards(out, name, layout)
-    metas = [_up_to_date(found[i], fingerprint) if i in found else None for i in range(len(found))]
-    counts = [m["shard"].get("count") if m is not None and isinstance(m.get("shard"), dict) else None for m in metas]
-    if not metas or any(count != len(found) for count in counts):
-        return None
-    return metas  # type: ignore[return-value]
-
-
-def _check_no_foreign_shard_names(out: Path, name: str, layout: str) -> None:
-    """Refuse to shard split name over files that have shard names but are not its shards (another
-    split called e.g. train_000001 has written train_000001.npy): they would be replaced or deleted."""
-    for path in _existing_shards(out, name, layout).values():
-        try:
-            meta = read_sidecar(path)
-        except TokenFileError:
-            meta = None  # unreadable: an unfinished shard at worst, rebuilt like one
-        if meta is not None and not (isinstance(meta.get("shard"), dict) and
-                                     isinstance(meta.get("source"), dict) and meta["source"].get("split") == name):  # fmt: skip
-            raise ValueError(
-                f"{str(path)!r} is not a shard of split {name!r} (its sidecar says otherwise), but has a shard's "
-                f"name; sharding {name!r} would replace or delete it. Move it, or choose another --out"
-            )
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM back while a few renames must not be cut in half, then deliver them.
-
-    Only the main thread can change signal handlers; elsewhere signals never interrupt this thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in held}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        if caught:
-            signal.raise_signal(caught[0])  # now, to the handler that was in place
-
-
-def _prepare_shards(
-    split: TextSplit, out: Path, enc: tiktoken.Encoding, settings: dict[str, Any], layout: str,
-    num_threads: int, chunk_docs: int, force: bool, progress: bool,
-) -> PreparedSplit:  # fmt: skip
-    """prepare_split's sharded path: the shards written into a staging folder beside them, then swapped
-    in (the old shards' sidecars deleted first), then every sidecar (each records the count).
-
-    Until the swap, which takes a few renames, the previous shards stay whole and finished: a run
-    that fails or is killed while tokenizing never leaves a glob that mixes two runs."""
-    shard_tokens, dtype = settings["shard_tokens"], np.dtype(settings["dtype"])
-    fingerprint = settings_fingerprint(settings)
-    pattern = out / f"{split.name}_{'[0-9]' * SHARD_DIGITS}.{layout}"  # a glob NpyTokensDataset takes
-    if not force and (metas := _shards_up_to_date(out, split.name, layout, fingerprint)) is not None:
-        paths = tuple(out / m["file"] for m in metas)
-        return PreparedSplit(split.name, pattern, _shard_totals(metas), written=False, shards=paths)
-
-    _check_no_foreign_shard_names(out, split.name, layout)
+    if sharded:
+        _check_no_foreign_shard_names(out, split.name, layout)
     out.mkdir(parents=True, exist_ok=True)
-    staging = _create_temp_dir(out / f"{split.name}_shards")  # .train_shards.tmp.<pid>.<random>/
-    written = []  # (final path, stats, documents starting in the shard)
+    staging = _new_temp(out / f"{split.name}_shards", _make_dir) if sharded else None  # .train_shards.tmp.<pid>.<random>/
+    written: list[tuple[Path, dict[str, Any], int]] = []  # final path, stats, documents starting in it
     try:
-        texts = _iter_texts(split.documents, split.column, chunk_docs)
-        chunks = tokenize_documents(texts, enc, num_threads=num_threads, chunk_docs=chunk_docs)
-        bar = tqdm(total=len(split.documents), desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
-        with bar, contextlib.closing(chunks):
-            for index, shard in enumerate(_shard_streams(chunks, shard_tokens)):
-                path, docs = shard_path(out, split.name, index, layout), [0]  # docs: documents starting in it
-                stats = write_token_file(_with_progress(shard, bar, enc.eot_token, docs), staging / path.name, dtype, layout)
-                written.append((path, stats, docs[0]))
+        chunks = tokenize_documents(_iter_texts(split), enc, num_threads=num_threads, chunk_docs=chunk_docs)
+        total = len(split.rows) if split.rows is not None else getattr(split.documents, "num_rows", None)
+        bar = tqdm(total=total, desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
+        with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails
+            for index, piece in enumerate(_shard_streams(chunks, shard_tokens)):
+                final, starts = shard_path(out, split.name, index, layout) if sharded else path, []
+                stats = write_token_file(_counting_documents(piece, enc.eot_token, bar, starts),
+                                         (staging or out) / final.name, dtype, layout)  # fmt: skip
+                written.append((final, stats, sum(starts)))
         with _signals_deferred():  # the swap and the sidecars: a Ctrl-C now waits until they are done
-            metas = _swap_in_shards(out, split, staging, written, enc, settings, layout, fingerprint)
+            if staging is not None:
+                _swap_in_shards(out, split.name, layout, staging, [final for final, _, _ in written])
+            metas, first_token = [], 0
+            for index, (final, stats, n_docs) in enumerate(written):
+                metas.append(_sidecar_meta(final, stats, n_docs, split.source, enc, settings))
+                if sharded:
+                    metas[-1]["shard"] = {"index": index, "count": len(written), "shard_tokens": int(shard_tokens),
+                                          "first_token": first_token}  # fmt: skip
+                write_sidecar(final, metas[-1])
+                first_token += stats["n_tokens"]
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return PreparedSplit(split.name, pattern, _shard_totals(metas), written=True, shards=tuple(p for p, _, _ in written))
-
-
-def _swap_in_shards(
-    out: Path, split: TextSplit, staging: Path, written: list[tuple[Path, dict[str, Any], int]],
-    enc: tiktoken.Encoding, settings: dict[str, Any], layout: str, fingerprint: str,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """Replace split's shards in out by the staged ones, then write their sidecars; return those."""
-    old = _existing_shards(out, split.name, layout)
-    for stale in old.values():  # from here until the new sidecars exist, no shard of this split looks finished
-        sidecar_path(stale).unlink(missing_ok=True)
-    for index, stale in old.items():
-        if index >= len(written):  # left by an earlier run with smaller shards or more text
-            stale.unlink(missing_ok=True)
-    _fsync_dir(out)
-    for path, _, _ in written:
-        os.replace(staging / path.name, path)
-    _fsync_dir(out)
-    metas, first_token = [], 0
-    for index, (path, stats, n_docs) in enumerate(written):
-        meta = _sidecar_meta(path, stats, n_docs, split.source, enc, settings, fingerprint)
-        meta["shard"] = {"index": index, "count": len(written), "shard_tokens": settings["shard_tokens"],
-                         "first_token": first_token}  # fmt: skip
-        write_sidecar(path, meta)
-        metas.append(meta)
-        first_token += stats["n_tokens"]
-    return metas
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return PreparedSplit(split.name, path, _totals(metas) if sharded else metas[0], True,
+                         tuple(final for final, _, _ in written) if sharded else ())  # fmt: skip
 
 
 def _default_out_dir(name: str, path: Path | None) -> Path:
@@ -933,9 +830,7 @@ def _check_out_dir(out: Path, input_path: Path | None) -> None:
     if input_path is not None:
         src, dst = input_path.resolve(), out.resolve()
         if dst == src or src in dst.parents:
-            raise ValueError(
-                f"output folder {str(out)!r} is inside the input dataset {str(input_path)!r}; choose another --out"
-            )
+            raise ValueError(f"output folder {str(out)!r} is inside the input dataset {str(input_path)!r}; choose another --out")
     existing = out
     while not existing.exists():
         existing = existing.parent
@@ -964,54 +859,23 @@ def prepare(
     """Tokenize every requested split of dataset (None: the bundled sample) into out (None: data/<name>).
 
     shard_tokens: write each split as shards of that many tokens (see prepare_split); None: one file.
+    encoding: "gpt2" is read from the bundled files (gpt2_encoding); another name goes to tiktoken.get_encoding.
     """
-    num_threads = _check_num_threads(num_threads)
-    _check_positive_int("chunk_docs", chunk_docs)
-    if shard_tokens is not None:
-        _check_positive_int("shard_tokens", shard_tokens)
-    _check_carve(val_fraction, seed)
-    _check_layout(layout)
-    names = _check_split_names(splits)
+    names, num_threads = _check_arguments(splits=splits, val_fraction=val_fraction, seed=seed, layout=layout,
+                                          num_threads=num_threads, chunk_docs=chunk_docs, shard_tokens=shard_tokens)  # fmt: skip
     name, path = _resolve_dataset(dataset)
     out = Path(out) if out is not None else _default_out_dir(name, path)
     _check_out_dir(out, path)
-    enc = tiktoken.get_encoding(encoding)
-    bars_were_on = datasets.is_progress_bar_enabled()
-    if not progress:  # also silence datasets' own "Generating split" bars
-        datasets.disable_progress_bars()
-    try:
-        text_splits = load_text_splits(dataset, column, names, val_fraction, seed)
-    finally:
-        if bars_were_on:
-            datasets.enable_progress_bars()
+    enc = gpt2_encoding() if encoding == ENCODING else tiktoken.get_encoding(encoding)
+    text_splits = load_text_splits(dataset, column, names, val_fraction, seed)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale_temp_files(out)
-    return [
-        prepare_split(text_splits[s], out, enc, layout=layout, num_threads=num_threads,
-                      chunk_docs=chunk_docs, force=force, progress=progress, shard_tokens=shard_tokens)
-        for s in names
-    ]  # fmt: skip
+    return [prepare_split(text_splits[s], out, enc, layout=layout, num_threads=num_threads, chunk_docs=chunk_docs,
+                          force=force, progress=progress, shard_tokens=shard_tokens) for s in names]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line.
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _open_fraction(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and 0 < value < 1):
-        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {text}")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -1023,19 +887,17 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"Hub name (roneneldan/TinyStories) or local folder/file; default: {SAMPLE_DATASET}")
     p.add_argument("--out", default=None, help="output folder; default: data/<dataset name> under the repo root")
     p.add_argument("--column", default="text", help="column holding the text (default: text)")
-    p.add_argument("--splits", nargs="+", default=list(DEFAULT_SPLITS),
-                   help="splits to write (default: train validation)")
-    p.add_argument("--val-fraction", type=_open_fraction, default=VAL_FRACTION,
+    p.add_argument("--splits", nargs="+", default=list(DEFAULT_SPLITS), help="splits to write (default: train validation)")
+    p.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
                    help=f"share of train carved off as validation when the dataset has none (default: {VAL_FRACTION})")
     p.add_argument("--seed", type=int, default=SEED, help=f"seed of that carve (default: {SEED})")
-    p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default: {ENCODING})")
+    p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default: {ENCODING}, from the bundled files)")
     p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy",
                    help="npy: .npy with header (default); bin: raw headerless .bin like nanoGPT")
-    p.add_argument("--num-threads", type=_positive_int, default=None,
+    p.add_argument("--num-threads", type=int, default=None,
                    help=f"tokenizer threads (default: usable cores, here {_usable_cores()})")
-    p.add_argument("--chunk-docs", type=_positive_int, default=CHUNK_DOCS,
-                   help=f"documents per thread task (default: {CHUNK_DOCS})")
-    p.add_argument("--shard-tokens", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--chunk-docs", type=int, default=CHUNK_DOCS, help=f"documents per thread task (default: {CHUNK_DOCS})")
+    p.add_argument("--shard-tokens", type=int, default=None, metavar="N",
                    help="write each split as shards of N tokens (<split>_000000.npy, ...; the last holds the rest); "
                         "default: one file per split")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
@@ -1044,16 +906,20 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: prepare every split and print one summary line per split."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:  # the same checks as prepare(), reported as usage errors (exit status 2)
+        _check_arguments(splits=args.splits, val_fraction=args.val_fraction, seed=args.seed, layout=args.layout,
+                         num_threads=args.num_threads, chunk_docs=args.chunk_docs, shard_tokens=args.shard_tokens)  # fmt: skip
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
     previous = None
     if threading.current_thread() is threading.main_thread():  # `kill` then unwinds like Ctrl-C: temp files removed
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        results = prepare(
-            args.dataset, args.out, column=args.column, splits=args.splits, val_fraction=args.val_fraction,
-            seed=args.seed, encoding=args.encoding, layout=args.layout, num_threads=args.num_threads,
-            chunk_docs=args.chunk_docs, force=args.force, shard_tokens=args.shard_tokens,
-        )  # fmt: skip
+        results = prepare(args.dataset, args.out, column=args.column, splits=args.splits, val_fraction=args.val_fraction,
+                          seed=args.seed, encoding=args.encoding, layout=args.layout, num_threads=args.num_threads,
+                          chunk_docs=args.chunk_docs, force=args.force, shard_tokens=args.shard_tokens)  # fmt: skip
     except KeyboardInterrupt:
         print("interrupted: unfinished files removed, earlier outputs untouched", file=sys.stderr)
         return 130

@@ -877,7 +877,6 @@ def test_item_33_vocab_size(tmp_path):
 
 
 def test_item_35_hostile_text(tmp_path, pt):
-    import datasets
     import tiktoken
 
     enc = tiktoken.get_encoding("gpt2")
@@ -895,9 +894,8 @@ def test_item_35_hostile_text(tmp_path, pt):
     folder = tmp_path / "surrogate"
     folder.mkdir()
     (folder / "train.jsonl").write_text('{"text": "fine"}\n{"text": "a\\ud800b"}\n')
-    with pytest.raises(datasets.exceptions.DatasetGenerationError) as info:
+    with pytest.raises(ValueError, match=rf"cannot read {re.escape(str(folder))} split train: .*surrogate.* row 1"):
         _prepare(pt, folder, tmp_path / "out2")
-    assert "surrogate" in str(info.value.__cause__) and "row 1" in str(info.value.__cause__)  # the file is only logged
     assert not (tmp_path / "out2" / "train.npy").exists()
 
 
@@ -1506,9 +1504,13 @@ def test_item_79_tampered_tokenizer_file_is_refused(tmp_path, pt):
     assert proc.stdout.splitlines() == ["50257"], proc.stdout + proc.stderr[-2000:]  # the good copy loads, offline
     assert proc.returncode == 1 and "Error" in proc.stderr  # the tampered one is refused, then cannot be fetched
     assert not vocab.exists()  # tiktoken deleted it rather than use it
-    # The project's default cache is its own committed folder, not a shared or world-writable one.
-    assert pt._TIKTOKEN_CACHE == ROOT / "materials" / "tiktoken_cache"
-    assert not pt._TIKTOKEN_CACHE.stat().st_mode & stat.S_IWOTH
+    # Prep reads its own committed folder, not a shared or world-writable one, and checks the file it reads.
+    assert pt.TIKTOKEN_FILES == ROOT / "materials" / "tiktoken_cache"
+    assert not pt.TIKTOKEN_FILES.stat().st_mode & stat.S_IWOTH
+    encoder = bad / pt.GPT2_ENCODER_JSON
+    encoder.write_bytes(encoder.read_bytes().replace(b'"hello": 31373', b'"hello": 31374'))
+    with pytest.raises(ValueError, match="sha256 differs from GPT-2's encoder.json"):
+        pt.gpt2_encoding(bad)
 
 
 def test_item_80_output_modes_follow_the_umask(tmp_path, pt):

@@ -20,11 +20,14 @@ if str(ROOT / "python_files") not in sys.path:
     sys.path.insert(0, str(ROOT / "python_files"))
 
 import datasets  # noqa: E402
-import prepare_tokens as pt  # noqa: E402  (sets TIKTOKEN_CACHE_DIR to materials/tiktoken_cache)
+import prepare_tokens as pt  # noqa: E402
 import tiktoken  # noqa: E402
-from npy_datasets import open_tokens, read_npy_header, read_sidecar, sidecar_path  # noqa: E402
+import tiktoken_ext.openai_public  # noqa: E402
+from npy_datasets import TokenFileError, open_tokens, probe_sha256, read_npy_header, read_sidecar, sidecar_path  # noqa: E402
 
 SAMPLE = ROOT / "materials" / "tinystories_sample"
+TIKTOKEN_CACHE = ROOT / "materials" / "tiktoken_cache"
+NO_NETWORK = {k: "http://127.0.0.1:9" for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}  # port 9: refused
 EOT = 50256
 DOCS = [
     "Once upon a time, there was a little cat named Tom.",
@@ -49,7 +52,12 @@ def isolated_datasets_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def enc():
-    return tiktoken.get_encoding("gpt2")
+    """tiktoken's own GPT-2, as tiktoken_ext.openai_public builds it from its cache: the reference prep must match."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TIKTOKEN_CACHE_DIR", str(TIKTOKEN_CACHE))
+        for name, value in NO_NETWORK.items():
+            patch.setenv(name, value)
+        return tiktoken.Encoding(**tiktoken_ext.openai_public.gpt2())
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -131,20 +139,76 @@ def test_tokenize_documents_yields_ordered_chunks(enc):
     np.testing.assert_array_equal(np.concatenate(chunks), reference_tokens(MANY, enc))
 
 
-def test_texts_are_streamed_from_the_arrow_files_in_dataset_order(tmp_path, monkeypatch):
-    whole = pt.load_text_splits(make_dataset(tmp_path / "in", MANY, MANY[:3]))["train"].documents
+def test_gpt2_encoding_is_tiktokens_gpt2_from_the_bundled_files(enc):
+    ours = pt.gpt2_encoding()
+    assert (ours.name, ours.n_vocab, ours.eot_token, ours.max_token_value) == ("gpt2", 50257, EOT, 50256)
+    texts = [*DOCS, *MANY, *(json.loads(row)["text"] for row in (SAMPLE / "validation.jsonl").read_text().splitlines())]
+    assert [ours.encode_ordinary(t) for t in texts] == [enc.encode_ordinary(t) for t in texts]
+    assert ours.encode("<|endoftext|>", allowed_special="all") == [EOT]
+
+
+def test_gpt2_encoding_ignores_a_foreign_tiktoken_cache_offline(tmp_path, enc):
+    foreign = tmp_path / "their_cache"  # a user's or an image's TIKTOKEN_CACHE_DIR, without GPT-2
+    foreign.mkdir()
+    blocked = tmp_path / "a_file"  # a cache folder that cannot be created (read-only, as root too)
+    blocked.write_text("x")
+    code = ("import json, sys; sys.path.insert(0, 'python_files'); import prepare_tokens as pt\n"
+            "print(json.dumps([pt.gpt2_encoding().encode_ordinary(t) for t in json.loads(sys.argv[1])]))")
+    for cache in (foreign, blocked / "cache"):
+        env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache), **NO_NETWORK)
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(DOCS)], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout) == [enc.encode_ordinary(t) for t in DOCS]
+    assert list(foreign.iterdir()) == []  # nothing copied into someone else's cache
+
+
+def test_gpt2_encoding_refuses_a_file_whose_sha256_differs(tmp_path):
+    import shutil
+
+    shutil.copytree(TIKTOKEN_CACHE, tmp_path / "files")
+    encoder = tmp_path / "files" / "6c7ea1a7e38e3a7f062df639a5b80947f075ffe6"  # encoder.json
+    raw = bytearray(encoder.read_bytes())
+    raw[-10] ^= 0x01  # one digit of one rank
+    encoder.write_bytes(raw)
+    with pytest.raises(ValueError, match="sha256 differs from GPT-2's encoder.json"):
+        pt.gpt2_encoding(tmp_path / "files")
+    assert encoder.read_bytes() == raw  # refused, and left for the user to look at
+    assert pt.TIKTOKEN_FILES == TIKTOKEN_CACHE and pt.gpt2_encoding(TIKTOKEN_CACHE).n_vocab == 50257
+
+
+def test_texts_come_in_dataset_order_and_local_files_are_streamed(tmp_path):
+    whole = pt.load_text_splits(make_dataset(tmp_path / "in", MANY, MANY[:3]))["train"]
     carved = pt.load_text_splits(make_dataset(tmp_path / "in2", MANY), val_fraction=0.25)  # sorted, scattered rows
-    streamed = {"whole": whole, "carved train": carved["train"].documents, "carved validation": carved["validation"].documents}
-    through_dataset = {"shuffled": whole.shuffle(seed=0), "sliced": whole.select(range(5, 50)),
-                       "in memory": datasets.Dataset.from_dict({"text": MANY}), "repeated rows": whole.select([3, 3, 1])}  # fmt: skip
-    for name, docs in {**streamed, **through_dataset}.items():
-        expected = list(docs["text"])
-        iterated = []  # the Dataset's own iteration starts with select_columns
-        monkeypatch.setattr(type(docs), "select_columns", lambda self, *a, **k: iterated.append(1) or self)
-        assert list(pt._iter_texts(docs, "text", 7)) == expected, name
-        monkeypatch.undo()
-        assert bool(iterated) == (name in through_dataset), f"{name}: read the wrong way"
-    assert (len(whole), len(carved["train"].documents), len(carved["validation"].documents)) == (60, 45, 15)
+    assert isinstance(whole.documents, datasets.IterableDataset)  # read from the file itself, no Arrow cache
+    assert list(pt._iter_texts(whole)) == MANY
+    rows = {name: carved[name].rows for name in ("train", "validation")}
+    assert (len(rows["train"]), len(rows["validation"])) == (45, 15)
+    assert sorted([*rows["train"], *rows["validation"]]) == list(range(60))
+    for name in ("train", "validation"):
+        assert np.all(np.diff(rows[name]) > 0)
+        assert list(pt._iter_texts(carved[name])) == [MANY[i] for i in rows[name]]
+    in_memory = datasets.Dataset.from_dict({"text": MANY})  # a Dataset (save_to_disk, the Hub), in its own order
+    for docs in (in_memory, in_memory.shuffle(seed=0), in_memory.select(range(5, 50)), in_memory.select([3, 3, 1])):
+        split = pt.TextSplit("train", docs, "text", {"dataset": "inline", "split": "train"})
+        assert list(pt._iter_texts(split)) == list(docs["text"])
+    picked = pt.TextSplit("train", in_memory.select([0, 1]), "text", {"dataset": "inline", "split": "train"}, np.array([1]))
+    assert list(pt._iter_texts(picked)) == [MANY[1]]
+
+
+def test_a_rewritten_input_is_tokenized_again_never_served_from_a_cache(tmp_path, enc):
+    old, new = [f"old story {i}" for i in range(20)], [f"new story {i}" for i in range(20)]  # the same sizes
+    data, out = make_dataset(tmp_path / "in", old, ["v"]), tmp_path / "out"
+    first = prepare(data, out)["train"]
+    train = data / "train.jsonl"
+    stat = train.stat()
+    write_jsonl(train, [{"text": t} for t in new])
+    os.utime(train, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime: only the bytes differ
+    assert train.stat().st_size == stat.st_size and train.stat().st_mtime_ns == stat.st_mtime_ns
+    again = prepare(data, out)["train"]
+    assert again.written and again.meta["source"]["input_fingerprint"] != first.meta["source"]["input_fingerprint"]
+    assert decoded(out / "train.npy", enc) == new  # the sidecar vouches for the text that was tokenized
+    assert not prepare(data, out)["train"].written
 
 
 def test_bytes_do_not_depend_on_threads_or_chunk_size(tmp_path):
@@ -210,7 +274,7 @@ def test_sidecar_fields_describe_the_file(tmp_path):
         "format": "npy-tokens", "format_version": 1, "file": "train.npy", "layout": "npy",
         "dtype": "uint16", "shape": [tokens.size], "n_tokens": tokens.size,
         "file_size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "tokenizer": "tiktoken:gpt2", "n_vocab": 50257, "eot_id": EOT, "eot_placement": "prepend",
+        "probe_sha256": probe_sha256(path), "tokenizer": "tiktoken:gpt2", "n_vocab": 50257, "eot_id": EOT, "eot_placement": "prepend",
         "max_token_id": int(tokens.max()), "n_docs": len(DOCS), "created_by": "prepare_tokens.py",
     }  # fmt: skip
     assert {k: meta[k] for k in expected} == expected
@@ -452,12 +516,16 @@ def test_carve_validation_when_the_dataset_has_none(tmp_path, enc):
 
 
 def test_carve_validation_keeps_at_least_one_document_each():
-    train = datasets.Dataset.from_dict({"text": [f"doc {i}" for i in range(10)]})
-    rest, val = pt.carve_validation(train)  # 10 * 0.005 rounds to 0: one document anyway
+    rest, val = pt.carve_validation(10)  # 10 * 0.005 rounds to 0: one document anyway
     assert (len(rest), len(val)) == (9, 1)
-    assert sorted([*rest["text"], *val["text"]]) == sorted(train["text"])
+    assert sorted([*rest, *val]) == list(range(10)) and np.all(np.diff(rest) > 0)
+    for n, fraction, n_val in [(1000, 0.005, 5), (300, 0.005, 2), (500, 0.005, 2), (40, 0.1, 4), (7, 0.5, 4)]:
+        rest, val = pt.carve_validation(n, fraction)  # round half to even: 1.5 -> 2, 2.5 -> 2, 3.5 -> 4
+        assert (len(rest), len(val)) == (n - n_val, n_val), (n, fraction)
+    assert pt.carve_validation(100, 0.1, seed=1)[1].tolist() == pt.carve_validation(100, 0.1, seed=1)[1].tolist()
+    assert pt.carve_validation(100, 0.1, seed=1)[1].tolist() != pt.carve_validation(100, 0.1, seed=2)[1].tolist()
     with pytest.raises(ValueError, match="both splits need at least one"):
-        pt.carve_validation(train.select([0]))
+        pt.carve_validation(1)
 
 
 # --- writer safety ------------------------------------------------------------------------------
@@ -612,8 +680,7 @@ def test_other_input_formats(tmp_path, enc, kind):
         expected = DOCS + val if kind == "jsonl_gz_file" else lines
         assert sorted(train + validation) == sorted(expected) and len(validation) == 1
         assert results["validation"].meta["source"]["val_fraction"] == pt.VAL_FRACTION
-    prefix = "datasets:" if kind == "save_to_disk" else "sha256:"
-    assert results["train"].meta["source"]["input_fingerprint"].startswith(prefix)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", results["train"].meta["source"]["input_fingerprint"])
 
 
 # --- parameters and output folder -----------------------------------------------------------------
@@ -636,18 +703,22 @@ def test_bad_parameters_fail_before_any_work(tmp_path, kwargs):
 
 
 @pytest.mark.parametrize(
-    "argv",
-    [["--num-threads", "0"], ["--chunk-docs", "-1"], ["--val-fraction", "nan"], ["--val-fraction", "1"],
-     ["--format", "csv"], ["--shard-tokens", "0"], ["--shard-tokens", "1e6"]],
-)
-def test_cli_rejects_bad_parameters(argv, capsys):
+    "argv, message",
+    [(["--num-threads", "0"], "num_threads must be at least 1, got 0"),
+     (["--chunk-docs", "-1"], "chunk_docs must be at least 1, got -1"),
+     (["--val-fraction", "nan"], "val_fraction must be strictly between 0 and 1, got nan"),
+     (["--val-fraction", "1"], "val_fraction must be strictly between 0 and 1, got 1.0"),
+     (["--seed", "-1"], "seed must be an int >= 0, got -1"),
+     (["--splits", "../x"], "split name '../x' cannot be a file name"),
+     (["--format", "csv"], "argument --format: invalid choice: 'csv'"),
+     (["--shard-tokens", "0"], "shard_tokens must be at least 1, got 0"),
+     (["--shard-tokens", "1e6"], "argument --shard-tokens: invalid int value: '1e6'")],
+)  # fmt: skip
+def test_cli_rejects_bad_parameters(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         pt.main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "error" in err and "_positive_int" not in err
-    if argv[1] == "1e6":
-        assert "must be a whole number of at least 1, got '1e6'" in err
+    assert exc.value.code == 2  # a usage error, before anything is loaded
+    assert f"prepare_tokens.py: error: {message}" in capsys.readouterr().err
 
 
 def test_output_folder_checks(tmp_path):
@@ -674,13 +745,28 @@ def test_hub_probe_honours_offline_mode(monkeypatch):
     assert time.monotonic() - start < 0.5  # no probe at all
 
 
-def test_unreachable_hub_falls_back_to_cache_then_explains(tmp_path, monkeypatch):
+def test_unreachable_hub_fails_at_once_naming_offline_mode_and_the_sample(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("load_dataset called: it would retry the unreachable Hub for half a minute")
+
     monkeypatch.setattr(pt, "hub_reachable", lambda timeout=pt.HUB_PROBE_TIMEOUT_S: False)
-    flags = (datasets.config.HF_HUB_OFFLINE, pt.huggingface_hub.constants.HF_HUB_OFFLINE)
+    monkeypatch.setattr(datasets, "load_dataset", never)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     with pytest.raises(pt.HubUnreachableError, match="materials/tinystories_sample") as exc:
         pt.load_text_splits("someone/not-cached-anywhere")
-    assert "unreachable" in str(exc.value) and "omit --dataset" in str(exc.value)
-    assert (datasets.config.HF_HUB_OFFLINE, pt.huggingface_hub.constants.HF_HUB_OFFLINE) == flags  # restored
+    assert "Hub is unreachable" in str(exc.value) and "set HF_HUB_OFFLINE=1" in str(exc.value)
+    assert "omit --dataset" in str(exc.value)
+    asked = []  # offline mode set by the user: datasets reads its local cache, and a miss is explained
+
+    def not_in_the_cache(name):
+        asked.append(name)
+        raise FileNotFoundError(name)
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets, "load_dataset", not_in_the_cache)
+    with pytest.raises(pt.HubUnreachableError, match="not in the local cache"):
+        pt.load_text_splits("someone/not-cached-anywhere")
+    assert asked == ["someone/not-cached-anywhere"]
 
 
 def test_cli_offline_hub_name_fails_fast_naming_the_sample(tmp_path):
@@ -707,7 +793,9 @@ def test_cli_end_to_end_on_bundled_sample(tmp_path, enc):
     # Not skipped when the sample is missing: the repository promises it.
     for split in ("train", "validation"):
         assert (SAMPLE / f"{split}.jsonl").is_file(), f"bundled sample missing: {SAMPLE / f'{split}.jsonl'}"
-    env = dict(os.environ, HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"))
+    foreign = tmp_path / "their_tiktoken_cache"  # a user's own TIKTOKEN_CACHE_DIR, without GPT-2, and no network
+    foreign.mkdir()
+    env = dict(os.environ, HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"), TIKTOKEN_CACHE_DIR=str(foreign), **NO_NETWORK)
     command = [sys.executable, "python_files/prepare_tokens.py", "--out", str(tmp_path)]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -720,6 +808,7 @@ def test_cli_end_to_end_on_bundled_sample(tmp_path, enc):
         tokens = open_tokens(path, verify=True)
         assert line == f"{split}: {len(texts):,} docs, {tokens.size:,} tokens, uint16 -> {path} (written)"
         assert decoded(tmp_path / f"{split}.npy", enc) == texts
+        np.testing.assert_array_equal(tokens, reference_tokens(texts, enc))  # the ids tiktoken's own gpt2 gives
         assert read_sidecar(tmp_path / f"{split}.npy")["source"]["dataset"] == "materials/tinystories_sample"
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
