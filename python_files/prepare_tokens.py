@@ -4,41 +4,25 @@
     python python_files/prepare_tokens.py --dataset roneneldan/TinyStories  # -> data/tinystories/
 
     from prepare_tokens import prepare
-    for result in prepare(out="data/tinystories_sample"):  # the bundled sample; a list of PreparedSplit
-        print(result.summary())  # train: 1,800 docs, 342,147 tokens, uint16 -> ... (written)
+    for result in prepare(out="data/tinystories_sample"):  # the bundled sample; one PreparedSplit per split
+        print(result.summary())  # train: 1,800 docs, 342,147 tokens, uint16 -> data/... (written)
 
-Output, per split: <out>/<split>.npy, a real .npy file (np.load and np.load(mmap_mode="r") read it),
-or with --format bin a raw headerless <split>.bin (nanoGPT's layout); then <out>/<split>.npy.json
-(or <split>.bin.json), the sidecar that describes it. npy_datasets.open_tokens reads both.
-With --shard-tokens N a split becomes shards of exactly N tokens each, the last holding the rest:
-<split>_000000.npy, <split>_000001.npy, ..., each with its own sidecar; a document may continue from
-one shard into the next (as in llm.c's shards). NpyTokensDataset reads them by the glob the
-command prints, <out>/<split>_[0-9][0-9][0-9][0-9][0-9][0-9].npy.
+Per split: <out>/<split>.npy (np.load reads it) or, with --format bin, nanoGPT's raw <split>.bin, and
+the sidecar <split>.npy.json that describes it. --shard-tokens N writes shards of exactly N tokens (the
+last: the rest), <split>_000000.npy, ..., each with its sidecar, read by the glob the command prints.
+Every document is [EOT, *encode_ordinary(text)]: the end-of-text token (50256) opens each one, and a
+literal "<|endoftext|>" in a story is ordinary text. GPT-2's BPE comes from the bundled, sha256-checked
+materials/tiktoken_cache: no network, whatever TIKTOKEN_CACHE_DIR says.
 
-Every document is written as [EOT, *tokens]: one end-of-text token (50256 for GPT-2) BEFORE each
-document, so the file starts with 50256 and n_docs == number of EOTs. The text is encoded with
-encode_ordinary, so a literal "<|endoftext|>" typed inside a story is ordinary text, never 50256.
-GPT-2's BPE comes from the files bundled in materials/tiktoken_cache, checked against their sha256
-(gpt2_encoding), so prep needs no network whatever TIKTOKEN_CACHE_DIR says.
-
---dataset (default: the bundled sample materials/tinystories_sample) is either
-  * a Hub name such as roneneldan/TinyStories. When huggingface.co cannot be reached it stops at
-    once with a clear error; with HF_HUB_OFFLINE=1 only the local Hugging Face cache is read;
-  * a folder written by Dataset.save_to_disk / DatasetDict.save_to_disk;
-  * a folder of .parquet / .json / .jsonl / .txt / .csv files (optionally .gz compressed), split
-    by file name the way `datasets` does it (train.jsonl, validation.jsonl, ...);
-  * one such file, which becomes the train split.
-Local files are read on every run, never from the `datasets` cache, so the sidecar's input sha256
-always describes the text that was tokenized. In .txt files every line is one document (the
-`datasets` "text" builder); use .jsonl when a document spans several lines. Every row is a
-document, empty ones included.
-
-When the dataset has no validation split, validation is carved from train by a seeded
-permutation (--val-fraction, --seed) and train is what remains, whether or not validation was
-requested, so two runs can never produce overlapping train and validation files.
-
-Files are written atomically (temp file in the same folder, fsync, rename), the sidecar last.
-A split whose sidecar records the same settings fingerprint is skipped ("up to date").
+--dataset (default: the bundled sample) is a Hub name (an unreachable Hub is a clear error within
+seconds; with HF_HUB_OFFLINE=1 the local Hugging Face cache is read), a save_to_disk folder, a folder
+of .parquet/.json/.jsonl/.txt/.csv files (optionally .gz) split by file name as `datasets` does it, or
+one such file (the train split). Local files are streamed on every run, never taken from the
+`datasets` cache, so the sidecar's input sha256 always describes the text that was tokenized. Every
+row is a document, empty ones included (in .txt every line: use .jsonl for multi-line documents).
+Without a validation split, validation is carved from train by a seeded permutation and train is the
+rest, whether or not validation was asked for. Files are written atomically (temp file, fsync,
+rename), the sidecar last; a split whose sidecar records the same settings is skipped ("up to date").
 """
 
 from __future__ import annotations
@@ -59,7 +43,7 @@ import socket
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -72,20 +56,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import tiktoken
-from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str  # GPT-2's split pattern, as tiktoken defines it
+from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str  # GPT-2's special token and split pattern
 from tqdm import tqdm
 
-if str(Path(__file__).resolve().parent) not in sys.path:  # npy_datasets.py sits beside this file
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-from npy_datasets import (  # noqa: E402  (importing it imports numpy only, never torch)
-    FORMAT_VERSION, TokenFileError, check_token_dtype, probe_sha256, read_sidecar, sidecar_path, token_dtype,
-)  # fmt: skip
+from npy_datasets import (  # beside this file; importing it imports numpy only, never torch
+    FORMAT_VERSION, TokenFileError, check_token_dtype, probe_sha256, read_sidecar, sidecar_path, token_dtype)
 
-__all__ = [
-    "TextSplit", "PreparedSplit", "HubUnreachableError", "gpt2_encoding", "hub_reachable", "load_text_splits",
-    "carve_validation", "tokenize_documents", "npy_header", "write_token_file", "write_sidecar",
-    "clean_stale_temp_files", "settings_fingerprint", "shard_path", "prepare_split", "prepare", "main",
-]  # fmt: skip
+__all__ = ["TextSplit", "PreparedSplit", "HubUnreachableError", "gpt2_encoding", "hub_reachable", "load_text_splits",
+           "carve_validation", "tokenize_documents", "npy_header", "write_token_file", "write_sidecar",
+           "clean_stale_temp_files", "settings_fingerprint", "shard_path", "prepare_split", "prepare", "main"]  # fmt: skip
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_DATASET = "materials/tinystories_sample"  # bundled offline sample, relative to the repo root: the default input
@@ -130,11 +109,8 @@ class TextSplit:
 
 @dataclass(frozen=True)
 class PreparedSplit:
-    """One split's token file (or shards), its sidecar contents, and whether this run wrote it.
-
-    For a sharded split, path is the glob pattern of its shards (NpyTokensDataset takes it as is),
-    shards lists them in order and meta holds the totals (n_tokens, n_docs, max_token_id, n_shards).
-    """
+    """One split's token file, its sidecar contents, and whether this run wrote it. For a sharded split, path
+    is the glob of its shards (NpyTokensDataset takes it), shards lists them, meta holds the totals and n_shards."""
 
     split: str
     path: Path
@@ -145,47 +121,41 @@ class PreparedSplit:
     def summary(self) -> str:
         """One line for the terminal: split, documents, tokens, dtype, path and what happened."""
         status = "written" if self.written else "up to date"
-        if self.shards:
-            status = f"{len(self.shards):,} shard{'s' if len(self.shards) != 1 else ''}, {status}"
+        if n := len(self.shards):
+            status = f"{n:,} shard{'s' if n != 1 else ''}, {status}"
         return (f"{self.split}: {self.meta['n_docs']:,} docs, {self.meta['n_tokens']:,} tokens, "
                 f"{self.meta['dtype']} -> {_display_path(self.path)} ({status})")  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------
-# Arguments: every rule in one place, checked before any slow work starts.
+# ---- Arguments: every rule in one place, checked before any slow work starts. --------------------------------
 
 
-def _whole(name: str, value: Any, minimum: int = 1) -> int:
+def _whole(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
     return int(value)
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # respects taskset and container CPU limits
-    except AttributeError:  # macOS and Windows
-        return os.cpu_count() or 1
+def _usable_cores() -> int:  # sched_getaffinity respects taskset and container limits; macOS and Windows lack it
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _check_arguments(
     *, splits: Sequence[str] | str = DEFAULT_SPLITS, val_fraction: Any = VAL_FRACTION, seed: Any = SEED,
     layout: str = "npy", num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS, shard_tokens: int | None = None,
 ) -> tuple[tuple[str, ...], int]:  # fmt: skip
-    """Refuse a bad argument with a ValueError or TypeError naming it; return (split names, thread count).
-
-    Every public function passes the arguments it takes; the defaults are valid."""
+    """Refuse a bad argument with a ValueError or TypeError naming it; return (split names, threads).
+    Each public function passes the arguments it takes (the defaults are valid)."""
     names = (splits,) if isinstance(splits, str) else tuple(splits)
     if not names or not all(isinstance(s, str) and s for s in names):
         raise ValueError(f"splits must be one or more non-empty names, got {splits!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"splits must be distinct, got {list(names)}")
-    for name in names:
-        if not _SPLIT_NAME.fullmatch(name):  # "../x" or "/abs" would write outside the output folder
-            raise ValueError(f"split name {name!r} cannot be a file name: use letters, digits, '_', '.' and '-', "
-                             "starting with a letter, digit or '_'")  # fmt: skip
+    if bad := [name for name in names if not _SPLIT_NAME.fullmatch(name)]:  # "../x" or "/x" would leave the folder
+        raise ValueError(f"split name {bad[0]!r} cannot be a file name: use letters, digits, '_', '.' and '-', "
+                         "starting with a letter, digit or '_'")  # fmt: skip
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float, np.floating)):
         raise TypeError(f"val_fraction must be a number, got {val_fraction!r}")
     if not (math.isfinite(val_fraction) and 0 < val_fraction < 1):
@@ -208,16 +178,14 @@ def _display_path(path: Path) -> str:
         return str(Path(path).resolve())
 
 
-# ---------------------------------------------------------------------------------------------
-# The tokenizer: GPT-2's BPE from the bundled files.
+# ---- The tokenizer: GPT-2's BPE from the bundled files. ------------------------------------------------------
 
 
 @functools.cache
 def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encoding:
-    """GPT-2's encoding, equal to tiktoken.get_encoding("gpt2"), from folder's encoder.json after checking its sha256.
-
-    Nothing is downloaded or written (tiktoken's own loaders copy files into TIKTOKEN_CACHE_DIR), so no
-    TIKTOKEN_CACHE_DIR, elsewhere or read-only, can break an offline run. ValueError if the sha256 differs."""
+    """GPT-2's encoding, equal to tiktoken.get_encoding("gpt2"), from folder's encoder.json once its sha256 is checked
+    (ValueError if not). Nothing is downloaded or written (tiktoken's loaders copy files into TIKTOKEN_CACHE_DIR),
+    so no TIKTOKEN_CACHE_DIR, elsewhere or read-only, can break an offline run."""
     path = Path(folder) / GPT2_ENCODER_JSON
     raw = path.read_bytes()
     if hashlib.sha256(raw).hexdigest() != GPT2_ENCODER_SHA256:
@@ -230,14 +198,13 @@ def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encodi
                              special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading: Hub names and local files become one (Iterable)Dataset per output split.
+# ---- Loading: Hub names and local files become one (Iterable)Dataset per output split. -----------------------
 
 
 def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
     """Whether the Hub accepts a TCP connection within timeout seconds; False when offline mode is set."""
-    flags = (os.environ.get(v, "").strip().upper() for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-    if datasets.config.HF_HUB_OFFLINE or any(flag in {"1", "ON", "YES", "TRUE"} for flag in flags):
+    if datasets.config.HF_HUB_OFFLINE or any(os.environ.get(flag, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+                                             for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):  # fmt: skip
         return False
     url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     address = (url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443))
@@ -254,9 +221,7 @@ def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
 
 def _builder_for(name: str) -> str | None:
     """The datasets builder for a data file name (compression suffixes ignored), or None."""
-    path = Path(name)
-    if path.suffix in COMPRESSIONS:
-        path = path.with_suffix("")
+    path = Path(name).with_suffix("") if Path(name).suffix in COMPRESSIONS else Path(name)
     return FILE_BUILDERS.get(path.suffix.lower())
 
 
@@ -265,15 +230,14 @@ def _resolve_dataset(dataset: str | os.PathLike | None) -> tuple[str, Path | Non
     if dataset is None:
         return SAMPLE_DATASET, REPO_ROOT / SAMPLE_DATASET
     name = os.fspath(dataset)
-    path = Path(name).expanduser()
-    if path.exists():
+    if (path := Path(name).expanduser()).exists():
         return name, path
     if isinstance(dataset, os.PathLike) or not _HUB_NAME.fullmatch(name) or _builder_for(name):
         raise FileNotFoundError(f"dataset {name!r}: no such file or folder (a Hub name looks like 'owner/name')")
     return name, None
 
 
-def _sha256_files(paths: Iterable[str]) -> str:
+def _input_fingerprint(paths: Iterable[str]) -> str:
     """sha256 over the files' own sha256 values, in order: identical bytes give identical ids."""
     digests = []
     for path in paths:
@@ -282,16 +246,10 @@ def _sha256_files(paths: Iterable[str]) -> str:
     return "sha256:" + hashlib.sha256(" ".join(digests).encode()).hexdigest()
 
 
-def _cache_files(loaded: dict[str, datasets.Dataset]) -> dict[str, list[str]]:
-    """The Arrow files behind each split of a loaded dataset (its public cache_files)."""
-    return {split: [f["filename"] for f in ds.cache_files] for split, ds in loaded.items()}
-
-
 def _load_hub(name: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """All splits of a Hub dataset, and their files. Unreachable: stop now (datasets would retry for
-    half a minute); with HF_HUB_OFFLINE=1 set by the user, datasets reads its local cache alone."""
-    offline = datasets.config.HF_HUB_OFFLINE
-    sample = _display_path(REPO_ROOT / SAMPLE_DATASET)
+    """All splits of a Hub dataset and their files. Unreachable: stop now (datasets would retry for half a minute);
+    with HF_HUB_OFFLINE=1 set by the user, datasets reads its local cache alone."""
+    offline, sample = datasets.config.HF_HUB_OFFLINE, _display_path(REPO_ROOT / SAMPLE_DATASET)
     why = ("the Hugging Face Hub is unreachable (HF_HUB_OFFLINE=1) and the dataset is not in the local cache" if offline
            else "the Hugging Face Hub is unreachable; if the dataset is in your local cache, set HF_HUB_OFFLINE=1 to read it")
     error = HubUnreachableError(f"cannot load {name!r}: {why}; no local file or folder named {name!r} exists either. "
@@ -301,10 +259,10 @@ def _load_hub(name: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
     try:
         loaded = dict(datasets.load_dataset(name))
     except OSError as e:  # ConnectionError / FileNotFoundError: offline, and not in the local cache either
-        if not offline:
-            raise
-        raise error from e
-    return loaded, _cache_files(loaded)
+        if offline:
+            raise error from e
+        raise
+    return loaded, {split: [f["filename"] for f in ds.cache_files] for split, ds in loaded.items()}
 
 
 def _load_local(path: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
@@ -312,7 +270,7 @@ def _load_local(path: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         loaded = datasets.load_from_disk(str(path))  # a save_to_disk folder: its Arrow files are the data
         loaded = {CARVE_SOURCE: loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
-        return loaded, _cache_files(loaded)
+        return loaded, {split: [f["filename"] for f in ds.cache_files] for split, ds in loaded.items()}
     if path.is_file():
         if (builder_name := _builder_for(path.name)) is None:
             raise ValueError(f"{path}: unsupported file type; expected one of {sorted(FILE_BUILDERS)} (optionally .gz)")
@@ -325,28 +283,20 @@ def _load_local(path: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
 
 def _batches(documents: Any, where: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
     """documents as Arrow tables of up to CHUNK_DOCS rows; an input that cannot be read is a ValueError naming where."""
-    if columns is not None:
-        documents = documents.select_columns(columns)
-    batches = iter(documents.with_format("arrow").iter(batch_size=CHUNK_DOCS))
-    while True:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return
-        except (OSError, ValueError, EOFError, RuntimeError) as e:  # bad JSON or UTF-8, a truncated .gz, ...
-            raise ValueError(f"cannot read {where}: {e}") from e
-        yield batch
+    try:  # the reader's errors only: a consumer's own exceptions are raised in its frame, not here
+        yield from (documents if columns is None else documents.select_columns(columns)).with_format("arrow").iter(CHUNK_DOCS)
+    except (OSError, ValueError, EOFError, RuntimeError) as e:  # bad JSON or UTF-8, a truncated .gz, ...
+        raise ValueError(f"cannot read {where}: {e}") from e
 
 
 def _check_text_column(documents: Any, column: str, where: str) -> None:
-    """Refuse a missing or non-text column, or an empty split, from its first row, naming the place."""
+    """Refuse a missing or non-text column, or an empty split, from its first rows, naming the place."""
     first = next(_batches(documents, where), None)
     if first is None or first.num_rows == 0:
         raise ValueError(f"{where} has no documents")
     if column not in first.column_names:
         raise ValueError(f"column {column!r} not found in {where}; available: {first.column_names}")
-    kind = first.schema.field(column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if not pa.types.is_string(kind := first.schema.field(column).type) and not pa.types.is_large_string(kind):
         raise ValueError(f"column {column!r} in {where} holds {kind}, not text")
 
 
@@ -360,13 +310,8 @@ def carve_validation(n_docs: int, val_fraction: float = VAL_FRACTION, seed: int 
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
-def load_text_splits(
-    dataset: str | os.PathLike | None = None,
-    column: str = "text",
-    splits: Sequence[str] = DEFAULT_SPLITS,
-    val_fraction: float = VAL_FRACTION,
-    seed: int = SEED,
-) -> dict[str, TextSplit]:
+def load_text_splits(dataset: str | os.PathLike | None = None, column: str = "text", splits: Sequence[str] = DEFAULT_SPLITS,
+                     val_fraction: float = VAL_FRACTION, seed: int = SEED) -> dict[str, TextSplit]:  # fmt: skip
     """Load the requested splits of a Hub or local dataset (None: the bundled sample), carving validation if missing."""
     names, _ = _check_arguments(splits=splits, val_fraction=val_fraction, seed=seed)
     name, path = _resolve_dataset(dataset)
@@ -377,12 +322,13 @@ def load_text_splits(
         if source not in loaded:
             raise ValueError(f"split {source!r} not found in {name}; available: {sorted(loaded)}")
         _check_text_column(loaded[source], column, f"{name} split {source}")
-    rows: dict[str, np.ndarray] = {}
-    if CARVE_SOURCE in from_split.values() and carve:
-        train, where = loaded[CARVE_SOURCE], f"{name} split {CARVE_SOURCE}"
-        n = len(train) if isinstance(train, datasets.Dataset) else sum(b.num_rows for b in _batches(train, where, [column]))
+    rows = {}
+    if carve and CARVE_SOURCE in from_split.values():  # count train's documents (a pass over a streamed file), then carve
+        train = loaded[CARVE_SOURCE]
+        n = len(train) if isinstance(train, datasets.Dataset) else sum(
+            b.num_rows for b in _batches(train, f"{name} split {CARVE_SOURCE}", [column]))  # fmt: skip
         rows[CARVE_SOURCE], rows[VALIDATION_SPLIT] = carve_validation(n, val_fraction, seed)
-    identity = {source: _sha256_files(files[source]) for source in set(from_split.values())}  # each input hashed once
+    identity = {source: _input_fingerprint(files[source]) for source in set(from_split.values())}  # each hashed once
     result = {}
     for s in names:
         source = {"dataset": name, "split": s, "from_split": from_split[s], "column": column,
@@ -411,8 +357,7 @@ def _iter_texts(split: TextSplit) -> Iterator[str]:
         raise ValueError(f"{where} now holds {first} rows, fewer than when it was carved; did it change?")
 
 
-# ---------------------------------------------------------------------------------------------
-# Tokenizing: chunks of documents on a thread pool, results always in input order.
+# ---- Tokenizing: chunks of documents on a thread pool, results always in input order. ------------------------
 
 
 def _encode_chunk(enc: tiktoken.Encoding, texts: list[str]) -> np.ndarray:
@@ -427,9 +372,8 @@ def _encode_chunk(enc: tiktoken.Encoding, texts: list[str]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
 
 
-def tokenize_documents(
-    texts: Iterable[str], enc: tiktoken.Encoding, *, num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS
-) -> Iterator[np.ndarray]:
+def tokenize_documents(texts: Iterable[str], enc: tiktoken.Encoding, *, num_threads: int | None = None,
+                       chunk_docs: int = CHUNK_DOCS) -> Iterator[np.ndarray]:  # fmt: skip
     """Yield one uint32 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids]."""
     _, num_threads = _check_arguments(num_threads=num_threads, chunk_docs=chunk_docs)  # now, not at the first next()
 
@@ -449,8 +393,7 @@ def tokenize_documents(
     return in_order(iter(texts))
 
 
-# ---------------------------------------------------------------------------------------------
-# Writing: stream to a temp file, fsync, rename; the sidecar last.
+# ---- Writing: stream to a temp file, fsync, rename; the sidecar last. ----------------------------------------
 
 
 def npy_header(dtype: Any, n_tokens: int) -> bytes:
@@ -469,11 +412,10 @@ def _as_token_array(chunk: Any, dtype: np.dtype) -> np.ndarray:
     ids = np.asarray(chunk)
     if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
         raise TypeError(f"a chunk must be a 1-D array of integer ids, got {ids.dtype} with shape {ids.shape}")
-    if ids.size:
-        top, lo, hi = np.iinfo(dtype).max, int(ids.min()), int(ids.max())
-        if lo < 0 or hi > top:
-            wider = "; uint32 holds ids up to 4,294,967,295" if dtype.itemsize < 4 else ""
-            raise ValueError(f"token id {lo if lo < 0 else hi} does not fit {dtype.name} (valid ids: 0 to {top:,}){wider}")
+    top, lo, hi = np.iinfo(dtype).max, int(ids.min(initial=0)), int(ids.max(initial=0))
+    if lo < 0 or hi > top:
+        wider = "; uint32 holds ids up to 4,294,967,295" if dtype.itemsize < 4 else ""
+        raise ValueError(f"token id {lo if lo < 0 else hi} does not fit {dtype.name} (valid ids: 0 to {top:,}){wider}")
     return ids.astype(dtype, copy=False)
 
 
@@ -487,34 +429,22 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def _new_temp(path: Path, create: Callable[[Path], Any]) -> Any:
-    """create(.<name>.tmp.<pid>.<random>) beside path, the form clean_stale_temp_files knows; create must
-    refuse an existing name (FileExistsError), and a fresh name is drawn then: a planted link is never followed."""
+def _new_temp(path: Path, folder: bool = False) -> tuple[Path, int | None]:
+    """A new temp file, open (or a new folder), beside path: .<name>.tmp.<pid>.<random>, which clean_stale_temp_files
+    knows. O_EXCL never opens an existing name, a planted link included: another name is drawn."""
     while True:
+        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
         try:
-            return create(path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}"))
+            return tmp, tmp.mkdir() if folder else os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         except FileExistsError:
             continue
 
 
-def _open_new(tmp: Path) -> tuple[int, Path]:
-    return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
-
-
-def _make_dir(tmp: Path) -> Path:
-    tmp.mkdir()
-    return tmp
-
-
 @contextlib.contextmanager
 def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[BinaryIO]:
-    """Yield a temp file beside path; on success fsync it and rename it over path, on any error delete it.
-
-    drop_first (the old sidecar) is deleted just before the rename, so a crash between the two
-    leaves a token file without a sidecar (incomplete), never a new file with a stale sidecar.
-    """
-    fd, tmp = _new_temp(path, _open_new)
-    renamed = False
+    """Yield a temp file beside path; on success fsync it and rename it over path, on any error delete it. drop_first
+    (the old sidecar) goes just before the rename: a crash leaves a file without sidecar, never one with a stale one."""
+    (tmp, fd), renamed = _new_temp(path), False
     try:
         with os.fdopen(fd, "w+b") as f:
             yield f
@@ -535,9 +465,8 @@ def _atomic_output(path: Path, *, drop_first: Path | None = None) -> Iterator[Bi
             tmp.unlink(missing_ok=True)
 
 
-def write_token_file(
-    chunks: Iterable[Any], path: str | os.PathLike, dtype: Any = np.uint16, layout: str = "npy"
-) -> dict[str, Any]:
+def write_token_file(chunks: Iterable[Any], path: str | os.PathLike, dtype: Any = np.uint16,
+                     layout: str = "npy") -> dict[str, Any]:  # fmt: skip
     """Stream id chunks into path atomically (its old sidecar is deleted); return counts, size and sha256."""
     path, dtype = Path(path), check_token_dtype(dtype, "token dtype")
     _check_arguments(layout=layout)
@@ -548,53 +477,44 @@ def write_token_file(
         if layout == "npy":
             f.write(npy_header(dtype, 0))  # placeholder: same length as the real header written below
         for chunk in chunks:
-            ids = _as_token_array(chunk, dtype)
-            if ids.size:
+            if (ids := _as_token_array(chunk, dtype)).size:
                 f.write(ids.tobytes())
-                n_tokens += ids.size
-                max_token_id = max(max_token_id, int(ids.max()))
+                n_tokens, max_token_id = n_tokens + ids.size, max(max_token_id, int(ids.max()))
         if n_tokens == 0:
             raise ValueError(f"no tokens to write to {path}")
         if layout == "npy":
             f.seek(0)
             f.write(npy_header(dtype, n_tokens))  # the true length, over the placeholder
-        f.flush()
-        file_size = os.fstat(f.fileno()).st_size
         f.seek(0)
-        sha256 = hashlib.file_digest(f, "sha256").hexdigest()  # one read of the finished file
+        sha256 = hashlib.file_digest(f, "sha256").hexdigest()  # one read of the finished file, which ends at its size
+        file_size = f.tell()
     return {"n_tokens": n_tokens, "max_token_id": max_token_id, "file_size": file_size, "sha256": sha256}
 
 
 def write_sidecar(token_path: str | os.PathLike, meta: dict[str, Any]) -> Path:
     """Write meta as token_path's JSON sidecar (sorted keys, indent 2), atomically; call it after the token file."""
-    side = sidecar_path(token_path)
-    with _atomic_output(side) as f:
+    with _atomic_output(side := sidecar_path(token_path)) as f:
         f.write((json.dumps(meta, sort_keys=True, indent=2) + "\n").encode("utf-8"))
     return side
 
 
 def _pid_alive(pid: int) -> bool:
-    if os.name == "nt":  # os.kill would terminate it; Windows refuses to delete an open file anyway
+    if pid == os.getpid() or os.name == "nt":  # on Windows os.kill would end it, and an open file cannot be deleted
         return False
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
+    except OSError as e:  # PermissionError: it exists, owned by someone else
+        return isinstance(e, PermissionError)
     return True
 
 
 def clean_stale_temp_files(out_dir: str | os.PathLike) -> list[Path]:
-    """Delete the temp files and shard staging folders that killed runs left in out_dir (not those of a
-    run still alive); return them."""
+    """Delete the temp files and shard staging folders that killed runs left in out_dir (a live run's stay); return them."""
     removed = []
     for entry in Path(out_dir).iterdir() if Path(out_dir).is_dir() else ():
         match = _TEMP_NAME.fullmatch(entry.name)
-        if match is None or entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
-            continue
-        if int(match["pid"]) != os.getpid() and _pid_alive(int(match["pid"])):
-            continue  # another run is writing it right now
+        if match is None or entry.is_symlink() or not (entry.is_file() or entry.is_dir()) or _pid_alive(int(match["pid"])):
+            continue  # not ours, or another run is writing it right now
         with contextlib.suppress(OSError):
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
             removed.append(entry)
@@ -604,7 +524,6 @@ def clean_stale_temp_files(out_dir: str | os.PathLike) -> list[Path]:
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM back while a few renames must not be cut in half, then deliver them.
-
     Only the main thread can change signal handlers; elsewhere signals never interrupt this thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -620,8 +539,7 @@ def _signals_deferred() -> Iterator[None]:
             signal.raise_signal(caught[0])  # now, to the handler that was in place
 
 
-# ---------------------------------------------------------------------------------------------
-# Putting it together: one tokenize path, into one file or into shards.
+# ---- Putting it together: one tokenize path, into one file or into shards. -----------------------------------
 
 
 def settings_fingerprint(settings: dict[str, Any]) -> str:
@@ -644,51 +562,35 @@ def _existing_shards(out: Path, split: str, layout: str) -> dict[int, Path]:
 
 
 def _up_to_date(paths: list[Path], fingerprint: str, sharded: bool) -> list[dict[str, Any]] | None:
-    """The sidecars of paths if every file is whole (recorded size) and recorded with fingerprint, else None.
-    Shards must also be one complete set: each sidecar's count is the number of paths."""
+    """The sidecars of paths if each records fingerprint and its file's size (shards: and their count), else None."""
     metas = []
     for path in paths:
-        try:
-            meta = read_sidecar(path)
-        except TokenFileError:
-            return None  # unreadable sidecar: rebuild
-        if meta is None or meta.get("settings_fingerprint") != fingerprint or not path.is_file():
-            return None
-        if path.stat().st_size != meta["file_size"] or sharded and (meta.get("shard") or {}).get("count") != len(paths):
-            return None
-        metas.append(meta)
-    return metas or None
+        with contextlib.suppress(TokenFileError):  # an unreadable sidecar: rebuild
+            if ((meta := read_sidecar(path)) is not None and meta.get("settings_fingerprint") == fingerprint
+                    and path.is_file() and path.stat().st_size == meta["file_size"]
+                    and (not sharded or (meta.get("shard") or {}).get("count") == len(paths))):  # fmt: skip
+                metas.append(meta)
+    return metas if paths and len(metas) == len(paths) else None
 
 
 def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int | None) -> Iterator[Iterator[np.ndarray]]:
-    """Cut a stream of id chunks into shards: one iterator per shard, exactly shard_tokens ids each
-    but the last, which holds the rest (never empty); None: one stream of everything.
-    Consume each shard before asking for the next."""
-    chunks = iter(chunks)
+    """Cut a stream of id chunks into shards: one iterator per shard, exactly shard_tokens ids each but the
+    last, which holds the rest (never empty); None: one stream of everything. Consume each before the next."""
     if shard_tokens is None:
-        yield chunks
+        yield iter(chunks)
         return
-    carry: list[np.ndarray] = []  # at most one array: ids read but not yet handed out
-
-    def pending() -> bool:
-        while not carry:
-            if (chunk := next(chunks, None)) is None:
-                return False
-            if len(chunk):
-                carry.append(chunk)
-        return True
+    chunks = (chunk for chunk in chunks if len(chunk))
+    head = next(chunks, None)  # ids read but not yet handed out
 
     def shard() -> Iterator[np.ndarray]:
+        nonlocal head
         need = shard_tokens
-        while need and pending():
-            chunk = carry.pop()
-            if len(chunk) > need:
-                chunk, rest = chunk[:need], chunk[need:]
-                carry.append(rest)
-            need -= len(chunk)
-            yield chunk
+        while need and head is not None:
+            piece, head = head[:need], head[need:] if len(head) > need else next(chunks, None)
+            need -= len(piece)
+            yield piece
 
-    while pending():
+    while head is not None:
         yield shard()
 
 
@@ -712,61 +614,56 @@ def _check_no_foreign_shard_names(out: Path, name: str, layout: str) -> None:
                                  f"shard's name; sharding {name!r} would replace or delete it. Move it, or choose another --out")  # fmt: skip
 
 
-def _swap_in_shards(out: Path, name: str, layout: str, staging: Path, paths: list[Path]) -> None:
-    """Replace split name's shards in out by the staged ones. Until the new sidecars are written, no shard
-    of the split looks finished: the old sidecars go first, then old shards past the new count."""
-    old = _existing_shards(out, name, layout)
-    for stale in old.values():
-        sidecar_path(stale).unlink(missing_ok=True)
-    for index, stale in old.items():
-        if index >= len(paths):  # left by an earlier run with smaller shards or more text
-            stale.unlink(missing_ok=True)
-    _fsync_dir(out)
-    for path in paths:
-        os.replace(staging / path.name, path)
-    _fsync_dir(out)
+def _publish(out: Path, split: TextSplit, staging: Path | None, written: list[tuple[Path, dict[str, Any], int]],
+             enc: tiktoken.Encoding, settings: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
+    """Swap staged shards in, if any, then write each file's sidecar (it needs the file in place); return them.
+    Until the new sidecars exist no shard of the split looks finished: old sidecars go first, then old extra shards."""
+    if staging is not None:
+        old = _existing_shards(out, split.name, settings["layout"])
+        for stale in old.values():
+            sidecar_path(stale).unlink(missing_ok=True)
+        for index, stale in old.items():
+            if index >= len(written):  # left by an earlier run with smaller shards or more text
+                stale.unlink(missing_ok=True)
+        _fsync_dir(out)
+        for path, _, _ in written:
+            os.replace(staging / path.name, path)
+        _fsync_dir(out)
+    metas, first_token = [], 0
+    for index, (path, stats, n_docs) in enumerate(written):
+        meta = {
+            "format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "layout": settings["layout"],
+            "dtype": settings["dtype"], "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
+            "file_size": stats["file_size"], "sha256": stats["sha256"], "probe_sha256": probe_sha256(path),
+            "tokenizer": settings["tokenizer"], "n_vocab": enc.n_vocab, "eot_id": enc.eot_token,
+            "eot_placement": EOT_PLACEMENT, "max_token_id": stats["max_token_id"], "n_docs": n_docs,
+            "source": split.source, "settings_fingerprint": settings_fingerprint(settings), "created_by": CREATED_BY,
+        }  # fmt: skip
+        if staging is not None:
+            meta["shard"] = {"index": index, "count": len(written), "shard_tokens": settings["shard_tokens"],
+                             "first_token": first_token}  # fmt: skip
+        write_sidecar(path, meta)
+        metas.append(meta)
+        first_token += stats["n_tokens"]
+    return metas
 
 
-def _sidecar_meta(path: Path, stats: dict[str, Any], n_docs: int, source: dict[str, Any],
-                  enc: tiktoken.Encoding, settings: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """The sidecar of a token file write_token_file wrote (stats) with these settings; call it once path is final."""
-    return {
-        "format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "layout": settings["layout"],
-        "dtype": settings["dtype"], "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
-        "file_size": stats["file_size"], "sha256": stats["sha256"], "probe_sha256": probe_sha256(path),
-        "tokenizer": settings["tokenizer"], "n_vocab": enc.n_vocab, "eot_id": enc.eot_token,
-        "eot_placement": EOT_PLACEMENT, "max_token_id": stats["max_token_id"], "n_docs": n_docs, "source": source,
-        "settings_fingerprint": settings_fingerprint(settings), "created_by": CREATED_BY,
-    }  # fmt: skip
+def _result(name: str, path: Path, metas: list[dict[str, Any]], written: bool, sharded: bool) -> PreparedSplit:
+    """The PreparedSplit of one file, or of shards: their common sidecar fields with totals over all of them."""
+    if not sharded:
+        return PreparedSplit(name, path, metas[0], written)
+    totals = {k: v for k, v in metas[0].items() if k not in ("file", "file_size", "sha256", "probe_sha256", "shape", "shard")}
+    totals.update(n_tokens=sum(m["n_tokens"] for m in metas), n_docs=sum(m["n_docs"] for m in metas),
+                  max_token_id=max(m["max_token_id"] for m in metas), n_shards=len(metas))  # fmt: skip
+    return PreparedSplit(name, path, totals, written, tuple(path.parent / m["file"] for m in metas))
 
 
-def _totals(metas: list[dict[str, Any]]) -> dict[str, Any]:
-    """One meta for a sharded split: the shards' common fields, with n_tokens, n_docs and max_token_id over all."""
-    per_file = ("file", "file_size", "sha256", "probe_sha256", "shape", "shard")
-    return {**{key: value for key, value in metas[0].items() if key not in per_file},
-            "n_tokens": sum(m["n_tokens"] for m in metas), "n_docs": sum(m["n_docs"] for m in metas),
-            "max_token_id": max(m["max_token_id"] for m in metas), "n_shards": len(metas)}  # fmt: skip
-
-
-def prepare_split(
-    split: TextSplit,
-    out: str | os.PathLike,
-    enc: tiktoken.Encoding,
-    *,
-    layout: str = "npy",
-    num_threads: int | None = None,
-    chunk_docs: int = CHUNK_DOCS,
-    force: bool = False,
-    progress: bool = True,
-    shard_tokens: int | None = None,
-) -> PreparedSplit:
-    """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists.
-
-    With shard_tokens, into <out>/<split>_000000.<layout>, ... of shard_tokens ids each (the last: the
-    rest), each with its sidecar. Shards are written into a staging folder, then swapped in: a run that
-    fails or is killed before the swap leaves the previous shards whole; shards of an earlier run beyond
-    the new last one are deleted.
-    """
+def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encoding, *, layout: str = "npy",
+                  num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS, force: bool = False,
+                  progress: bool = True, shard_tokens: int | None = None) -> PreparedSplit:  # fmt: skip
+    """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists. With
+    shard_tokens, into <out>/<split>_000000.<layout>, ... of shard_tokens ids each (the last: the rest), written
+    into a staging folder, then swapped in: a run that fails or is killed before leaves the previous shards whole."""
     _, num_threads = _check_arguments(splits=split.name, layout=layout, num_threads=num_threads,
                                       chunk_docs=chunk_docs, shard_tokens=shard_tokens)  # fmt: skip
     out, dtype, sharded = Path(out), token_dtype(enc.n_vocab), shard_tokens is not None
@@ -776,16 +673,14 @@ def prepare_split(
         "eot_placement": EOT_PLACEMENT, "dtype": dtype.name, "layout": layout, "format_version": FORMAT_VERSION,
         **({"shard_tokens": int(shard_tokens)} if sharded else {}),  # only when sharded: one-file fingerprints stay
     }  # fmt: skip
-    path = out / f"{split.name}_{'[0-9]' * SHARD_DIGITS}.{layout}" if sharded else out / f"{split.name}.{layout}"
+    path = out / (f"{split.name}_{'[0-9]' * SHARD_DIGITS}.{layout}" if sharded else f"{split.name}.{layout}")
     existing = [p for _, p in sorted(_existing_shards(out, split.name, layout).items())] if sharded else [path]
     if not force and (metas := _up_to_date(existing, settings_fingerprint(settings), sharded)) is not None:
-        return PreparedSplit(split.name, path, _totals(metas) if sharded else metas[0], False,
-                             tuple(out / m["file"] for m in metas) if sharded else ())  # fmt: skip
-
+        return _result(split.name, path, metas, False, sharded)
     if sharded:
         _check_no_foreign_shard_names(out, split.name, layout)
     out.mkdir(parents=True, exist_ok=True)
-    staging = _new_temp(out / f"{split.name}_shards", _make_dir) if sharded else None  # .train_shards.tmp.<pid>.<random>/
+    staging = _new_temp(out / f"{split.name}_shards", folder=True)[0] if sharded else None  # .train_shards.tmp.<pid>.<hex>
     written: list[tuple[Path, dict[str, Any], int]] = []  # final path, stats, documents starting in it
     try:
         chunks = tokenize_documents(_iter_texts(split), enc, num_threads=num_threads, chunk_docs=chunk_docs)
@@ -798,21 +693,11 @@ def prepare_split(
                                          (staging or out) / final.name, dtype, layout)  # fmt: skip
                 written.append((final, stats, sum(starts)))
         with _signals_deferred():  # the swap and the sidecars: a Ctrl-C now waits until they are done
-            if staging is not None:
-                _swap_in_shards(out, split.name, layout, staging, [final for final, _, _ in written])
-            metas, first_token = [], 0
-            for index, (final, stats, n_docs) in enumerate(written):
-                metas.append(_sidecar_meta(final, stats, n_docs, split.source, enc, settings))
-                if sharded:
-                    metas[-1]["shard"] = {"index": index, "count": len(written), "shard_tokens": int(shard_tokens),
-                                          "first_token": first_token}  # fmt: skip
-                write_sidecar(final, metas[-1])
-                first_token += stats["n_tokens"]
+            metas = _publish(out, split, staging, written, enc, settings)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    return PreparedSplit(split.name, path, _totals(metas) if sharded else metas[0], True,
-                         tuple(final for final, _, _ in written) if sharded else ())  # fmt: skip
+    return _result(split.name, path, metas, True, sharded)
 
 
 def _default_out_dir(name: str, path: Path | None) -> Path:
@@ -827,10 +712,8 @@ def _check_out_dir(out: Path, input_path: Path | None) -> None:
     """Refuse an output folder that is a file, lies inside the input, or cannot be created or written."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"output folder {str(out)!r} is an existing file")
-    if input_path is not None:
-        src, dst = input_path.resolve(), out.resolve()
-        if dst == src or src in dst.parents:
-            raise ValueError(f"output folder {str(out)!r} is inside the input dataset {str(input_path)!r}; choose another --out")
+    if input_path is not None and (out.resolve() == input_path.resolve() or input_path.resolve() in out.resolve().parents):
+        raise ValueError(f"output folder {str(out)!r} is inside the input dataset {str(input_path)!r}; choose another --out")
     existing = out
     while not existing.exists():
         existing = existing.parent
@@ -840,27 +723,12 @@ def _check_out_dir(out: Path, input_path: Path | None) -> None:
         raise ValueError(f"cannot write to output folder {str(out)!r}: {str(existing)!r} is not writable")
 
 
-def prepare(
-    dataset: str | os.PathLike | None = None,
-    out: str | os.PathLike | None = None,
-    *,
-    column: str = "text",
-    splits: Sequence[str] = DEFAULT_SPLITS,
-    val_fraction: float = VAL_FRACTION,
-    seed: int = SEED,
-    encoding: str = ENCODING,
-    layout: str = "npy",
-    num_threads: int | None = None,
-    chunk_docs: int = CHUNK_DOCS,
-    force: bool = False,
-    progress: bool = True,
-    shard_tokens: int | None = None,
-) -> list[PreparedSplit]:
-    """Tokenize every requested split of dataset (None: the bundled sample) into out (None: data/<name>).
-
-    shard_tokens: write each split as shards of that many tokens (see prepare_split); None: one file.
-    encoding: "gpt2" is read from the bundled files (gpt2_encoding); another name goes to tiktoken.get_encoding.
-    """
+def prepare(dataset: str | os.PathLike | None = None, out: str | os.PathLike | None = None, *, column: str = "text",
+            splits: Sequence[str] = DEFAULT_SPLITS, val_fraction: float = VAL_FRACTION, seed: int = SEED,
+            encoding: str = ENCODING, layout: str = "npy", num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS,
+            force: bool = False, progress: bool = True, shard_tokens: int | None = None) -> list[PreparedSplit]:  # fmt: skip
+    """Tokenize every requested split of dataset (None: the bundled sample) into out (None: data/<name>). shard_tokens:
+    shards of that many tokens (see prepare_split). encoding "gpt2" is gpt2_encoding(); another, tiktoken.get_encoding."""
     names, num_threads = _check_arguments(splits=splits, val_fraction=val_fraction, seed=seed, layout=layout,
                                           num_threads=num_threads, chunk_docs=chunk_docs, shard_tokens=shard_tokens)  # fmt: skip
     name, path = _resolve_dataset(dataset)
@@ -874,32 +742,23 @@ def prepare(
                           force=force, progress=progress, shard_tokens=shard_tokens) for s in names]  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line.
+# ---- Command line: argparse's dests are prepare()'s keyword arguments. ---------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="prepare_tokens.py",
-        description="Tokenize a text dataset with tiktoken and write one token file (or shards) + JSON sidecar per split.",
-    )
-    p.add_argument("--dataset", default=None,
-                   help=f"Hub name (roneneldan/TinyStories) or local folder/file; default: {SAMPLE_DATASET}")
-    p.add_argument("--out", default=None, help="output folder; default: data/<dataset name> under the repo root")
+    p = argparse.ArgumentParser(prog="prepare_tokens.py", description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", help=f"Hub name (roneneldan/TinyStories) or local folder/file; default: {SAMPLE_DATASET}")
+    p.add_argument("--out", help="output folder; default: data/<dataset name> under the repo root")
     p.add_argument("--column", default="text", help="column holding the text (default: text)")
     p.add_argument("--splits", nargs="+", default=list(DEFAULT_SPLITS), help="splits to write (default: train validation)")
-    p.add_argument("--val-fraction", type=float, default=VAL_FRACTION,
-                   help=f"share of train carved off as validation when the dataset has none (default: {VAL_FRACTION})")
+    p.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help=f"validation carved from train if none (default: {VAL_FRACTION})")
     p.add_argument("--seed", type=int, default=SEED, help=f"seed of that carve (default: {SEED})")
     p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default: {ENCODING}, from the bundled files)")
-    p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy",
-                   help="npy: .npy with header (default); bin: raw headerless .bin like nanoGPT")
-    p.add_argument("--num-threads", type=int, default=None,
-                   help=f"tokenizer threads (default: usable cores, here {_usable_cores()})")
+    p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy", help="npy (default) or nanoGPT's raw .bin")
+    p.add_argument("--num-threads", type=int, help=f"tokenizer threads (default: usable cores, here {_usable_cores()})")
     p.add_argument("--chunk-docs", type=int, default=CHUNK_DOCS, help=f"documents per thread task (default: {CHUNK_DOCS})")
-    p.add_argument("--shard-tokens", type=int, default=None, metavar="N",
-                   help="write each split as shards of N tokens (<split>_000000.npy, ...; the last holds the rest); "
-                        "default: one file per split")
+    p.add_argument("--shard-tokens", type=int, metavar="N", help="write each split as shards of N tokens "
+                   "(<split>_000000.npy, ...; the last holds the rest); default: one file per split")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     return p  # fmt: skip
 
@@ -907,19 +766,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: prepare every split and print one summary line per split."""
     parser = _parser()
-    args = parser.parse_args(argv)
-    try:  # the same checks as prepare(), reported as usage errors (exit status 2)
-        _check_arguments(splits=args.splits, val_fraction=args.val_fraction, seed=args.seed, layout=args.layout,
-                         num_threads=args.num_threads, chunk_docs=args.chunk_docs, shard_tokens=args.shard_tokens)  # fmt: skip
+    args = vars(parser.parse_args(argv))
+    try:  # prepare() checks them too: here a bad one is a usage error (exit status 2), before anything loads
+        _check_arguments(**{k: args[k] for k in ("splits", "val_fraction", "seed", "layout", "num_threads",
+                                                 "chunk_docs", "shard_tokens")})  # fmt: skip
     except (TypeError, ValueError) as e:
         parser.error(str(e))
-    previous = None
-    if threading.current_thread() is threading.main_thread():  # `kill` then unwinds like Ctrl-C: temp files removed
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    previous = (signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # `kill` unwinds like Ctrl-C
+                if threading.current_thread() is threading.main_thread() else None)  # fmt: skip
     try:
-        results = prepare(args.dataset, args.out, column=args.column, splits=args.splits, val_fraction=args.val_fraction,
-                          seed=args.seed, encoding=args.encoding, layout=args.layout, num_threads=args.num_threads,
-                          chunk_docs=args.chunk_docs, force=args.force, shard_tokens=args.shard_tokens)  # fmt: skip
+        results = prepare(**args)
     except KeyboardInterrupt:
         print("interrupted: unfinished files removed, earlier outputs untouched", file=sys.stderr)
         return 130
