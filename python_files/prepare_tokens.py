@@ -340,7 +340,7 @@ def load_text_splits(dataset: str | os.PathLike | None = None, column: str = "te
 
 
 def _iter_texts(split: TextSplit) -> Iterator[str]:
-    """Every document's text in order (only split.rows when set), read a batch at a time: memory stays flat."""
+    """Every document's text in order (only split.rows when set), read a batch at a time (a local file: streamed)."""
     where = f"{split.source['dataset']} split {split.source.get('from_split', split.name)}"
     first, rows = 0, split.rows  # first: the row number of the batch's first row
     for batch in _batches(split.documents, where, [split.column]):
