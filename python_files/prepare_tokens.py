@@ -278,7 +278,10 @@ def _load_local(path: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
     else:
         builder = datasets.load_dataset_builder(str(path))  # datasets finds the files and their splits
     files = {str(split): list(paths) for split, paths in builder.config.data_files.items()}
-    return dict(builder.as_streaming_dataset()), files
+    try:  # datasets reads the first rows now: an empty, truncated or malformed file fails here
+        return dict(builder.as_streaming_dataset()), files
+    except (StopIteration, OSError, ValueError, EOFError, RuntimeError) as e:
+        raise ValueError(f"cannot read {path}: {str(e) or 'it holds no documents'}") from e
 
 
 def _batches(documents: Any, where: str, columns: list[str] | None = None) -> Iterator[pa.Table]:

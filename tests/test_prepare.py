@@ -639,6 +639,31 @@ def test_empty_split_is_refused(tmp_path, monkeypatch):
         prepare(tmp_path / "saved", tmp_path / "out")
 
 
+@pytest.mark.parametrize("kind", ["empty", "truncated_gz", "bad_json_line", "bad_utf8", "bad_json_later"])
+def test_an_unreadable_input_is_one_error_naming_it(tmp_path, kind):
+    import gzip
+    import random
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rng = random.Random(0)  # text that does not compress away, so half the .gz is half the data
+    rows = "".join(json.dumps({"text": "".join(rng.choice("abcdefgh ") for _ in range(200))}) + "\n" for _ in range(3000))
+    if kind == "empty":
+        (folder / "train.jsonl").write_text("")
+    elif kind == "truncated_gz":
+        whole = gzip.compress(rows.encode())
+        (folder / "train.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    elif kind == "bad_json_line":
+        (folder / "train.jsonl").write_text('{"text": "a"}\n{"text": oops}\n')
+    elif kind == "bad_json_later":  # past the first block datasets reads to learn the columns
+        (folder / "train.jsonl").write_text(rows * 10 + '{"text": oops}\n')
+    else:
+        (folder / "train.txt").write_bytes(b"fine\n\xff\xfe not utf-8\n")
+    with pytest.raises(ValueError, match=rf"cannot read {re.escape(str(folder))}"):
+        prepare(folder, tmp_path / "out")
+    assert not (tmp_path / "out" / "train.npy").exists()
+
+
 def test_unknown_split_and_missing_path(tmp_path):
     data = make_dataset(tmp_path / "in", DOCS, ["v"])
     with pytest.raises(ValueError, match=r"split 'test' not found .* available: \['train', 'validation'\]"):
