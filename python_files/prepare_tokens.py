@@ -28,11 +28,14 @@ rename), the sidecar last; a split whose sidecar records the same settings is sk
 from __future__ import annotations
 
 import argparse
+import bz2
 import contextlib
 import errno
 import functools
+import gzip
 import hashlib
 import json
+import lzma
 import math
 import os
 import re
@@ -42,6 +45,7 @@ import signal
 import socket
 import sys
 import threading
+import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -84,6 +88,8 @@ NPY_HEADER_SIZE = 128  # bytes before the data: a multiple of 64 as numpy wants,
 HUB_PROBE_TIMEOUT_S = 3.0  # seconds to wait for huggingface.co before giving up on the Hub
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}  # -> builder
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # datasets decompresses these by suffix
+OWN_READER = {".txt": "text", ".jsonl": "json"}  # read here, streamed, so that an error names the file and line
+OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # what the own reader decompresses (not .zst)
 CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
 SHARD_DIGITS = 6  # train_000000.npy: names sort in shard order, up to 999,999 shards
 _TEMP_NAME = re.compile(r"\.(?P<target>.+)\.tmp\.(?P<pid>\d+)\.[0-9a-f]{8}")  # .train.npy.tmp.<pid>.<random>
@@ -265,7 +271,7 @@ def _load_hub(name: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
     return loaded, {split: [f["filename"] for f in ds.cache_files] for split, ds in loaded.items()}
 
 
-def _load_local(path: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
+def _load_local(path: Path, column: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """All splits of a local dataset and their files; data files are streamed, never converted into a cache."""
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         loaded = datasets.load_from_disk(str(path))  # a save_to_disk folder: its Arrow files are the data
@@ -278,14 +284,70 @@ def _load_local(path: Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
     else:
         builder = datasets.load_dataset_builder(str(path))  # datasets finds the files and their splits
     files = {str(split): list(paths) for split, paths in builder.config.data_files.items()}
+    if all(Path(Path(f).stem if Path(f).suffix in OPENERS else f).suffix in OWN_READER for fs in files.values() for f in fs):
+        return {s: functools.partial(_read_documents, fs, column) for s, fs in files.items()}, files
     try:  # datasets reads the first rows now: an empty, truncated or malformed file fails here
         return dict(builder.as_streaming_dataset()), files
     except (StopIteration, OSError, ValueError, EOFError, RuntimeError) as e:
         raise ValueError(f"cannot read {path}: {str(e) or 'it holds no documents'}") from e
 
 
+def _read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
+    """The documents of .jsonl and .txt files (optionally .gz, .bz2, .xz), in order, streamed, as tables of CHUNK_DOCS rows."""
+    texts: list[str] = []
+    for path in paths:
+        docs = 0
+        for docs, text in enumerate(_file_documents(path, column), 1):
+            texts.append(text)
+            if len(texts) == CHUNK_DOCS:
+                yield pa.table({column: texts})
+                texts = []
+        if not docs:
+            raise ValueError(f"cannot read {path}: it holds no documents")
+    if texts:
+        yield pa.table({column: texts})
+
+
+def _file_documents(path: str, column: str) -> Iterator[str]:
+    """One file's documents; a fault is a ValueError naming the file and line. A .jsonl line is a document (blank lines
+    skipped), and so is a .txt line. Lines end at b"\n" alone: a lone \r is text, one before the \n ends the line."""
+    number, jsonl = 0, _builder_for(path) == "json"
+    try:
+        with OPENERS.get(Path(path).suffix, open)(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                if not jsonl:
+                    yield _cut_line_end(line.decode("utf-8"))
+                elif line.strip():
+                    yield _json_text(line, column)
+    except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as e:  # ValueError: bad JSON or UTF-8, ...
+        where = f" line {number}" if isinstance(e, ValueError) else f" after line {number}" if number else ""
+        raise ValueError(f"cannot read {path}{where}: {e}") from e
+
+
+def _json_text(line: bytes, column: str) -> str:
+    """The text in column of one JSON line, or a ValueError that says what is there instead."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:  # its own "line 1 column 9" would contradict the file's line number
+        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(row, dict) or column not in row:
+        raise ValueError(f"column {column!r} not found; available: {sorted(row) if isinstance(row, dict) else row!r:.60}")
+    if not isinstance(text := row[column], str):
+        raise ValueError(f"column {column!r} is {text!r:.40}, not text; every document must be a string")
+    if not text.isascii() and (surrogate := re.search("[\ud800-\udfff]", text)):  # from an escape such as "\ud800"
+        raise ValueError(f"column {column!r} holds a lone surrogate ({ascii(surrogate[0])}), which is not text")
+    return text
+
+
+def _cut_line_end(text: str) -> str:
+    return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+
+
 def _batches(documents: Any, where: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
     """documents as Arrow tables of up to CHUNK_DOCS rows; an input that cannot be read is a ValueError naming where."""
+    if callable(documents):  # this module's own reader: its errors name the file and line
+        yield from documents()
+        return
     try:  # the reader's errors only: a consumer's own exceptions are raised in its frame, not here
         yield from (documents if columns is None else documents.select_columns(columns)).with_format("arrow").iter(CHUNK_DOCS)
     except (OSError, ValueError, EOFError, RuntimeError) as e:  # bad JSON or UTF-8, a truncated .gz, ...
@@ -318,7 +380,7 @@ def load_text_splits(dataset: str | os.PathLike | None = None, column: str = "te
     """Load the requested splits of a Hub or local dataset (None: the bundled sample), carving validation if missing."""
     names, _ = _check_arguments(splits=splits, val_fraction=val_fraction, seed=seed)
     name, path = _resolve_dataset(dataset)
-    loaded, files = _load_hub(name) if path is None else _load_local(path)
+    loaded, files = _load_hub(name) if path is None else _load_local(path, column)
     carve = VALIDATION_SPLIT not in loaded and CARVE_SOURCE in loaded
     from_split = {s: CARVE_SOURCE if carve and s in (CARVE_SOURCE, VALIDATION_SPLIT) else s for s in names}
     for source in dict.fromkeys(from_split.values()):

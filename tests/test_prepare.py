@@ -180,7 +180,7 @@ def test_gpt2_encoding_refuses_a_file_whose_sha256_differs(tmp_path):
 def test_texts_come_in_dataset_order_and_local_files_are_streamed(tmp_path):
     whole = pt.load_text_splits(make_dataset(tmp_path / "in", MANY, MANY[:3]))["train"]
     carved = pt.load_text_splits(make_dataset(tmp_path / "in2", MANY), val_fraction=0.25)  # sorted, scattered rows
-    assert isinstance(whole.documents, datasets.IterableDataset)  # read from the file itself, no Arrow cache
+    assert callable(whole.documents) and not isinstance(whole.documents, datasets.Dataset)  # the file itself, streamed
     assert list(pt._iter_texts(whole)) == MANY
     rows = {name: carved[name].rows for name in ("train", "validation")}
     assert (len(rows["train"]), len(rows["validation"])) == (45, 15)
@@ -607,7 +607,7 @@ def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
 
 def test_missing_column_lists_available_columns(tmp_path):
     data = make_dataset(tmp_path / "in", DOCS, ["v"])
-    expected = f"column 'body' not found in {data} split train; available: ['text']"
+    expected = f"cannot read {data / 'train.jsonl'} line 1: column 'body' not found; available: ['text']"
     with pytest.raises(ValueError, match=re.escape(expected)):
         prepare(data, tmp_path / "out", column="body")
     assert not (tmp_path / "out").exists()
@@ -615,14 +615,18 @@ def test_missing_column_lists_available_columns(tmp_path):
 
 def test_none_cell_names_split_row_and_column(tmp_path):
     write_jsonl(tmp_path / "in" / "train.jsonl", [{"text": "a"}, {"text": "b"}, {"text": None}, {"text": "d"}])
-    with pytest.raises(ValueError, match=r"split train row 2: column 'text' is None"):
+    with pytest.raises(ValueError, match=r"train.jsonl line 3: column 'text' is None, not text"):
         prepare(tmp_path / "in", tmp_path / "out")
 
 
 def test_non_text_column_is_refused(tmp_path):
     write_jsonl(tmp_path / "nums" / "train.jsonl", [{"text": 1}, {"text": 2}])
-    with pytest.raises(ValueError, match=r"column 'text' in .* split train holds .*int64.*not text"):
+    with pytest.raises(ValueError, match=r"nums/train.jsonl line 1: column 'text' is 1, not text"):
         prepare(tmp_path / "nums", tmp_path / "out")
+    (tmp_path / "pq").mkdir()
+    datasets.Dataset.from_dict({"text": [1, 2]}).to_parquet(tmp_path / "pq" / "train.parquet")
+    with pytest.raises(ValueError, match=r"column 'text' in .* split train holds .*int64.*not text"):
+        prepare(tmp_path / "pq", tmp_path / "out")
 
 
 def test_empty_split_is_refused(tmp_path, monkeypatch):
@@ -639,8 +643,9 @@ def test_empty_split_is_refused(tmp_path, monkeypatch):
         prepare(tmp_path / "saved", tmp_path / "out")
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated_gz", "bad_json_line", "bad_utf8", "bad_json_later"])
-def test_an_unreadable_input_is_one_error_naming_it(tmp_path, kind):
+@pytest.mark.parametrize("kind", ["empty", "truncated_gz", "bad_json_line", "bad_utf8", "bad_json_later",
+                                  "ints_in_one_split", "lone_surrogate"])  # fmt: skip
+def test_an_unreadable_input_is_one_error_naming_file_and_line(tmp_path, kind, capsys):
     import gzip
     import random
 
@@ -648,19 +653,36 @@ def test_an_unreadable_input_is_one_error_naming_it(tmp_path, kind):
     folder.mkdir()
     rng = random.Random(0)  # text that does not compress away, so half the .gz is half the data
     rows = "".join(json.dumps({"text": "".join(rng.choice("abcdefgh ") for _ in range(200))}) + "\n" for _ in range(3000))
+    file, where = folder / "train.jsonl", r" line 2: "
     if kind == "empty":
-        (folder / "train.jsonl").write_text("")
+        file.write_text("")
+        where = ": it holds no documents"
     elif kind == "truncated_gz":
         whole = gzip.compress(rows.encode())
-        (folder / "train.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+        (file := folder / "train.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+        where = r" after line \d+: Compressed file ended"
     elif kind == "bad_json_line":
-        (folder / "train.jsonl").write_text('{"text": "a"}\n{"text": oops}\n')
-    elif kind == "bad_json_later":  # past the first block datasets reads to learn the columns
-        (folder / "train.jsonl").write_text(rows * 10 + '{"text": oops}\n')
+        file.write_text('{"text": "a"}\n{"text": oops}\n')
+        where += r"invalid JSON \(Expecting value at column 10\)"
+    elif kind == "bad_json_later":  # past the first batch of documents
+        file.write_text(rows * 10 + '{"text": oops}\n')
+        where = r" line 30001: invalid JSON"
+    elif kind == "ints_in_one_split":  # strings in train, ints in validation: never cast to "1"
+        file.write_text('{"text": "a"}\n{"text": "b"}\n')
+        (file := folder / "validation.jsonl").write_text('{"text": "c"}\n{"text": 1}\n')
+        where += "column 'text' is 1, not text"
+    elif kind == "lone_surrogate":
+        file.write_text('{"text": "a"}\n{"text": "x\\ud800y"}\n')
+        where += r"column 'text' holds a lone surrogate \('\\ud800'\)"
     else:
-        (folder / "train.txt").write_bytes(b"fine\n\xff\xfe not utf-8\n")
-    with pytest.raises(ValueError, match=rf"cannot read {re.escape(str(folder))}"):
-        prepare(folder, tmp_path / "out")
+        (file := folder / "train.txt").write_bytes(b"fine\n\xff\xfe not utf-8\n")
+        where += "'utf-8' codec can't decode byte 0xff"
+    with pytest.raises(SystemExit) as exc:
+        pt.main(["--dataset", str(folder), "--out", str(tmp_path / "out")])
+    message = exc.value.code
+    assert isinstance(message, str) and "\n" not in message  # printed as one line, exit status 1
+    assert re.fullmatch(rf"prepare_tokens.py: error: cannot read {re.escape(str(file))}{where}.*", message), message
+    assert "Traceback" not in capsys.readouterr().err
     assert not (tmp_path / "out" / "train.npy").exists()
 
 
