@@ -781,6 +781,9 @@ def _check_out_dir(out: Path, input_path: Path | None) -> None:
         raise ValueError(f"output folder {str(out)!r} is inside the input dataset {str(input_path)!r}; choose another --out")
     existing = out
     while not existing.exists():
+        if existing.is_symlink():  # mkdir would fail only after the dataset loaded, with "File exists"
+            raise ValueError(f"output folder {str(out)!r}: {str(existing)!r} is a link to {os.readlink(existing)!r}, "
+                             "which does not exist; create its target or remove the link")  # fmt: skip
         existing = existing.parent
     if not existing.is_dir():
         raise ValueError(f"cannot create output folder {str(out)!r}: {str(existing)!r} is a file")

@@ -785,6 +785,31 @@ def test_output_folder_checks(tmp_path):
 # --- the Hub, offline ------------------------------------------------------------------------------
 
 
+def test_a_dangling_out_link_fails_before_the_dataset_loads(tmp_path, monkeypatch):
+    data = make_dataset(tmp_path / "in", DOCS, ["v"])
+    monkeypatch.setattr(pt, "load_text_splits", lambda *a, **k: pytest.fail("the dataset was loaded"))
+    for out, named in ((tmp_path / "link", "link"), (tmp_path / "link2" / "sub", "link2")):  # the folder, or a parent
+        (tmp_path / named).symlink_to(tmp_path / "missing" / "target")
+        with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / named))}' is a link to .*missing/target.*"
+                                             "which does not exist"):  # fmt: skip
+            prepare(data, out)
+        with pytest.raises(SystemExit, match="which does not exist"):  # the CLI: one line, exit status 1
+            pt.main(["--dataset", str(data), "--out", str(out)])
+        assert not (tmp_path / "missing").exists()
+
+
+def test_an_unreadable_sidecar_means_rebuild_without_force(tmp_path):
+    data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
+    first = prepare(data, out)["train"].meta
+    side = sidecar_path(out / "train.npy")
+    side.write_text(re.sub(r'"n_tokens": \d+', '"n_tokens": ' + "9" * 5000, side.read_text()))  # past int() digit limit
+    with pytest.raises(TokenFileError, match=re.escape(str(side))):
+        read_sidecar(out / "train.npy")
+    again = prepare(data, out)["train"]
+    assert again.written and read_sidecar(out / "train.npy") == again.meta
+    assert {k: v for k, v in again.meta.items() if k != "created_by"} == {k: v for k, v in first.items() if k != "created_by"}
+
+
 def test_hub_probe_honours_offline_mode(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.monotonic()
