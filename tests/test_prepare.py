@@ -544,6 +544,16 @@ def test_id_that_does_not_fit_the_dtype_raises_instead_of_wrapping(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "wide.npy"), np.array([1, 70000], dtype=np.uint32))
 
 
+def test_max_token_id_is_the_largest_id_of_every_chunk_not_the_first(tmp_path):
+    chunks = [np.array([3, 1]), np.array([], dtype=np.uint32), np.array([7, 60000, 2]), np.array([9])]
+    assert pt.write_token_file(chunks, tmp_path / "t.npy")["max_token_id"] == 60000 == np.load(tmp_path / "t.npy").max()
+    data = make_dataset(tmp_path / "in", MANY[:20], ["v"])  # shards of 7 ids: some hold no EOT, the largest id
+    result = prepare(data, tmp_path / "out", shard_tokens=7, chunk_docs=1)["train"]
+    tops = [read_sidecar(shard)["max_token_id"] for shard in result.shards]
+    assert tops == [int(np.load(shard).max()) for shard in result.shards] and min(tops) < EOT
+    assert result.meta["max_token_id"] == max(tops) == EOT
+
+
 def test_write_token_file_refuses_empty_output_and_wrong_suffix(tmp_path):
     with pytest.raises(ValueError, match="no tokens"):
         pt.write_token_file([np.array([], dtype=np.int64)], tmp_path / "train.npy")
