@@ -894,7 +894,7 @@ def test_item_35_hostile_text(tmp_path, pt):
     folder = tmp_path / "surrogate"
     folder.mkdir()
     (folder / "train.jsonl").write_text('{"text": "fine"}\n{"text": "a\\ud800b"}\n')
-    with pytest.raises(ValueError, match=rf"cannot read {re.escape(str(folder))} split train: .*surrogate.* row 1"):
+    with pytest.raises(ValueError, match=rf"cannot read {re.escape(str(folder / 'train.jsonl'))} line 2: .*lone surrogate"):
         _prepare(pt, folder, tmp_path / "out2")
     assert not (tmp_path / "out2" / "train.npy").exists()
 
