@@ -82,6 +82,7 @@ VAL_FRACTION = 0.005  # share of train documents carved off as validation (at le
 SEED = 1337  # seeds the carve permutation, so every run carves the same documents
 ENCODING = "gpt2"  # tiktoken encoding: GPT-2's 50,257-token BPE (from TIKTOKEN_FILES)
 EOT_PLACEMENT = "prepend"  # EOT opens each document: a window starting at one sees a story from its start (llm.c)
+EOT_PLACEMENTS = (EOT_PLACEMENT, "append")  # or EOT ends each document, as nanoGPT's prepare.py writes it (--eot)
 CHUNK_DOCS = 1024  # documents per thread-pool task (and per read): amortises overhead, bounds memory
 LAYOUTS = ("npy", "bin")  # .npy with a header (np.load works), or raw headerless .bin (nanoGPT)
 NPY_HEADER_SIZE = 128  # bytes before the data: a multiple of 64 as numpy wants, with room for any 64-bit length
@@ -151,6 +152,7 @@ def _usable_cores() -> int:  # sched_getaffinity respects taskset and container 
 def _check_arguments(
     *, splits: Sequence[str] | str = DEFAULT_SPLITS, val_fraction: Any = VAL_FRACTION, seed: Any = SEED,
     layout: str = "npy", num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS, shard_tokens: int | None = None,
+    eot_placement: str = EOT_PLACEMENT,
 ) -> tuple[tuple[str, ...], int]:  # fmt: skip
     """Refuse a bad argument with a ValueError or TypeError naming it; return (split names, threads).
     Each public function passes the arguments it takes (the defaults are valid)."""
@@ -170,6 +172,8 @@ def _check_arguments(
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if eot_placement not in EOT_PLACEMENTS:
+        raise ValueError(f"eot_placement must be one of {EOT_PLACEMENTS}, got {eot_placement!r}")
     _whole("chunk_docs", chunk_docs)
     if shard_tokens is not None:
         _whole("shard_tokens", shard_tokens)
@@ -425,29 +429,30 @@ def _iter_texts(split: TextSplit) -> Iterator[str]:
 # ---- Tokenizing: chunks of documents on a thread pool, results always in input order. ------------------------
 
 
-def _encode_chunk(enc: tiktoken.Encoding, texts: list[str]) -> np.ndarray:
-    """[EOT, *ids] for each text, concatenated into one uint32 array; no special token is ever emitted."""
+def _encode_chunk(enc: tiktoken.Encoding, texts: list[str], append: bool = False) -> np.ndarray:
+    """[EOT, *ids] (append: [*ids, EOT]) for each text, concatenated into one uint32 array; no special token is emitted."""
     eot, parts = np.array([enc.eot_token], dtype=np.uint32), []
     for text in texts:
         try:  # encode_ordinary's ids, made in Rust as an array; nothing allowed, nothing refused
             ids = enc.encode_to_numpy(text, disallowed_special=())
         except UnicodeEncodeError:  # a lone surrogate: encode_ordinary replaces it with U+FFFD (tiktoken's own fix)
             ids = np.array(enc.encode_ordinary(text), dtype=np.uint32)
-        parts += (eot, ids)
+        parts += (ids, eot) if append else (eot, ids)
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
 
 
 def tokenize_documents(texts: Iterable[str], enc: tiktoken.Encoding, *, num_threads: int | None = None,
-                       chunk_docs: int = CHUNK_DOCS) -> Iterator[np.ndarray]:  # fmt: skip
-    """Yield one uint32 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids]."""
-    _, num_threads = _check_arguments(num_threads=num_threads, chunk_docs=chunk_docs)  # now, not at the first next()
+                       chunk_docs: int = CHUNK_DOCS, eot_placement: str = EOT_PLACEMENT) -> Iterator[np.ndarray]:  # fmt: skip
+    """Yield one uint32 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids],
+    or [*ids, EOT] with eot_placement="append"."""
+    _, num_threads = _check_arguments(num_threads=num_threads, chunk_docs=chunk_docs, eot_placement=eot_placement)
 
     def in_order(texts: Iterator[str]) -> Iterator[np.ndarray]:
         pool = ThreadPoolExecutor(num_threads, thread_name_prefix="tokenize")
         pending: deque[Future[np.ndarray]] = deque()  # oldest first: yielding from the left keeps input order
         try:
             while batch := list(islice(texts, chunk_docs)):
-                pending.append(pool.submit(_encode_chunk, enc, batch))
+                pending.append(pool.submit(_encode_chunk, enc, batch, eot_placement == "append"))
                 if len(pending) > 2 * num_threads:  # enough queued to keep every thread busy: wait for the oldest
                     yield pending.popleft().result()
             while pending:
@@ -701,7 +706,7 @@ def _publish(out: Path, split: TextSplit, staging: Path | None, written: list[tu
             "dtype": settings["dtype"], "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
             "file_size": stats["file_size"], "sha256": stats["sha256"], "probe_sha256": probe_sha256(path),
             "tokenizer": settings["tokenizer"], "n_vocab": enc.n_vocab, "eot_id": enc.eot_token,
-            "eot_placement": EOT_PLACEMENT, "max_token_id": stats["max_token_id"], "n_docs": n_docs,
+            "eot_placement": settings["eot_placement"], "max_token_id": stats["max_token_id"], "n_docs": n_docs,
             "source": split.source, "settings_fingerprint": settings_fingerprint(settings), "created_by": CREATED_BY,
         }  # fmt: skip
         if staging is not None:
@@ -725,17 +730,17 @@ def _result(name: str, path: Path, metas: list[dict[str, Any]], written: bool, s
 
 def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encoding, *, layout: str = "npy",
                   num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS, force: bool = False,
-                  progress: bool = True, shard_tokens: int | None = None) -> PreparedSplit:  # fmt: skip
+                  progress: bool = True, shard_tokens: int | None = None, eot_placement: str = EOT_PLACEMENT) -> PreparedSplit:  # fmt: skip
     """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists. With
     shard_tokens, into <out>/<split>_000000.<layout>, ... of shard_tokens ids each (the last: the rest), written
     into a staging folder, then swapped in: a run that fails or is killed before leaves the previous shards whole."""
-    _, num_threads = _check_arguments(splits=split.name, layout=layout, num_threads=num_threads,
-                                      chunk_docs=chunk_docs, shard_tokens=shard_tokens)  # fmt: skip
+    _, num_threads = _check_arguments(splits=split.name, layout=layout, num_threads=num_threads, chunk_docs=chunk_docs,
+                                      shard_tokens=shard_tokens, eot_placement=eot_placement)  # fmt: skip
     out, dtype, sharded = Path(out), token_dtype(enc.n_vocab), shard_tokens is not None
     settings = {  # everything that decides the bytes; not the dataset's spelling, threads or chunk size
         **{key: value for key, value in split.source.items() if key != "dataset"},
         "tokenizer": f"tiktoken:{enc.name}", "n_vocab": enc.n_vocab, "eot_id": enc.eot_token,
-        "eot_placement": EOT_PLACEMENT, "dtype": dtype.name, "layout": layout, "format_version": FORMAT_VERSION,
+        "eot_placement": eot_placement, "dtype": dtype.name, "layout": layout, "format_version": FORMAT_VERSION,
         **({"shard_tokens": int(shard_tokens)} if sharded else {}),  # only when sharded: one-file fingerprints stay
     }  # fmt: skip
     path = out / (f"{split.name}_{'[0-9]' * SHARD_DIGITS}.{layout}" if sharded else f"{split.name}.{layout}")
@@ -748,7 +753,8 @@ def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encodi
     staging = _new_temp(out / f"{split.name}_shards", folder=True)[0] if sharded else None  # .train_shards.tmp.<pid>.<hex>
     written: list[tuple[Path, dict[str, Any], int]] = []  # final path, stats, documents starting in it
     try:
-        chunks = tokenize_documents(_iter_texts(split), enc, num_threads=num_threads, chunk_docs=chunk_docs)
+        chunks = tokenize_documents(_iter_texts(split), enc, num_threads=num_threads, chunk_docs=chunk_docs,
+                                    eot_placement=eot_placement)  # fmt: skip
         total = len(split.rows) if split.rows is not None else getattr(split.documents, "num_rows", None)
         bar = tqdm(total=total, desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
         with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails
@@ -794,11 +800,12 @@ def _check_out_dir(out: Path, input_path: Path | None) -> None:
 def prepare(dataset: str | os.PathLike | None = None, out: str | os.PathLike | None = None, *, column: str = "text",
             splits: Sequence[str] = DEFAULT_SPLITS, val_fraction: float = VAL_FRACTION, seed: int = SEED,
             encoding: str = ENCODING, layout: str = "npy", num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS,
-            force: bool = False, progress: bool = True, shard_tokens: int | None = None) -> list[PreparedSplit]:  # fmt: skip
+            force: bool = False, progress: bool = True, shard_tokens: int | None = None,
+            eot_placement: str = EOT_PLACEMENT) -> list[PreparedSplit]:  # fmt: skip
     """Tokenize every requested split of dataset (None: the bundled sample) into out (None: data/<name>). shard_tokens:
     shards of that many tokens (see prepare_split). encoding "gpt2" is gpt2_encoding(); another, tiktoken.get_encoding."""
-    names, num_threads = _check_arguments(splits=splits, val_fraction=val_fraction, seed=seed, layout=layout,
-                                          num_threads=num_threads, chunk_docs=chunk_docs, shard_tokens=shard_tokens)  # fmt: skip
+    names, num_threads = _check_arguments(splits=splits, val_fraction=val_fraction, seed=seed, layout=layout, num_threads=num_threads,
+                                          chunk_docs=chunk_docs, shard_tokens=shard_tokens, eot_placement=eot_placement)  # fmt: skip
     name, path = _resolve_dataset(dataset)
     out = Path(out) if out is not None else _default_out_dir(name, path)
     _check_out_dir(out, path)
@@ -807,7 +814,8 @@ def prepare(dataset: str | os.PathLike | None = None, out: str | os.PathLike | N
     out.mkdir(parents=True, exist_ok=True)
     clean_stale_temp_files(out)
     return [prepare_split(text_splits[s], out, enc, layout=layout, num_threads=num_threads, chunk_docs=chunk_docs,
-                          force=force, progress=progress, shard_tokens=shard_tokens) for s in names]  # fmt: skip
+                          force=force, progress=progress, shard_tokens=shard_tokens, eot_placement=eot_placement)
+            for s in names]  # fmt: skip
 
 
 # ---- Command line: argparse's dests are prepare()'s keyword arguments. ---------------------------------------
@@ -827,6 +835,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-docs", type=int, default=CHUNK_DOCS, help=f"documents per thread task (default: {CHUNK_DOCS})")
     p.add_argument("--shard-tokens", type=int, metavar="N", help="write each split as shards of N tokens "
                    "(<split>_000000.npy, ...; the last holds the rest); default: one file per split")
+    p.add_argument("--eot", dest="eot_placement", choices=EOT_PLACEMENTS, default=EOT_PLACEMENT, help="end-of-text token "
+                   "before each document (default, as llm.c) or after it (as nanoGPT: --format bin --eot append gives its bytes)")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     return p  # fmt: skip
 
@@ -837,7 +847,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     try:  # prepare() checks them too: here a bad one is a usage error (exit status 2), before anything loads
         _check_arguments(**{k: args[k] for k in ("splits", "val_fraction", "seed", "layout", "num_threads",
-                                                 "chunk_docs", "shard_tokens")})  # fmt: skip
+                                                 "chunk_docs", "shard_tokens", "eot_placement")})  # fmt: skip
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     previous = (signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # `kill` unwinds like Ctrl-C

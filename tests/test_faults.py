@@ -300,10 +300,10 @@ def test_a_failing_tokenizer_thread_stops_prep_with_its_error(tmp_path, pt, data
     real = pt._encode_chunk
     calls = itertools.count(1)
 
-    def crash_on_third(enc, texts):
+    def crash_on_third(enc, texts, *placement):
         if next(calls) == 3:
             raise RuntimeError("tokenizer thread crashed on chunk 3")
-        return real(enc, texts)
+        return real(enc, texts, *placement)
 
     monkeypatch.setattr(pt, "_encode_chunk", crash_on_third)
     out = tmp_path / "out"

@@ -262,6 +262,28 @@ def test_bin_layout_is_the_npy_data_without_header(tmp_path):
     np.testing.assert_array_equal(open_tokens(bin_path, verify=True), np.load(tmp_path / "npy" / "train.npy"))
 
 
+def test_eot_append_writes_nanogpts_bin_byte_for_byte_and_prepend_stays_the_default(tmp_path, enc):
+    val = ["A short validation story.", "Another one, with a comma."]
+    data = make_dataset(tmp_path / "in", DOCS, val)
+    nanogpt = {}
+    for split, texts in (("train", DOCS), ("validation", val)):
+        ids = []
+        for text in texts:  # nanoGPT's data/openwebtext/prepare.py: ids = enc.encode_ordinary(text); ids.append(eot)
+            ids += [*enc.encode_ordinary(text), enc.eot_token]
+        nanogpt[split] = np.array(ids, dtype=np.uint16).tobytes()  # then written as a raw uint16 memmap
+    assert pt.main(["--dataset", str(data), "--out", str(tmp_path / "cli"), "--format", "bin", "--eot", "append"]) == 0
+    results = prepare(data, tmp_path / "out", layout="bin", eot_placement="append")
+    for split, texts in (("train", DOCS), ("validation", val)):
+        assert (tmp_path / "cli" / f"{split}.bin").read_bytes() == nanogpt[split] == (tmp_path / "out" / f"{split}.bin").read_bytes()
+        assert results[split].meta["eot_placement"] == read_sidecar(tmp_path / "out" / f"{split}.bin")["eot_placement"] == "append"
+        assert results[split].meta["n_docs"] == len(texts)
+    again = prepare(data, tmp_path / "out", layout="bin")["train"]  # the default, prepend: the placement is a setting
+    assert again.written and again.meta["eot_placement"] == "prepend"
+    assert (tmp_path / "out" / "train.bin").read_bytes() == reference_tokens(DOCS, enc).tobytes()
+    with pytest.raises(ValueError, match=r"eot_placement must be one of \('prepend', 'append'\), got 'after'"):
+        pt.prepare(data, tmp_path / "x", eot_placement="after")
+
+
 def test_sidecar_fields_describe_the_file(tmp_path):
     data = make_dataset(tmp_path / "in", DOCS, ["v"])
     prepare(data, tmp_path / "out")
@@ -769,7 +791,8 @@ def test_bad_parameters_fail_before_any_work(tmp_path, kwargs):
      (["--splits", "../x"], "split name '../x' cannot be a file name"),
      (["--format", "csv"], "argument --format: invalid choice: 'csv'"),
      (["--shard-tokens", "0"], "shard_tokens must be at least 1, got 0"),
-     (["--shard-tokens", "1e6"], "argument --shard-tokens: invalid int value: '1e6'")],
+     (["--shard-tokens", "1e6"], "argument --shard-tokens: invalid int value: '1e6'"),
+     (["--eot", "after"], "argument --eot: invalid choice: 'after'")],
 )  # fmt: skip
 def test_cli_rejects_bad_parameters(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
