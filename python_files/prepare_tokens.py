@@ -19,7 +19,8 @@ seconds; with HF_HUB_OFFLINE=1 the local Hugging Face cache is read), a save_to_
 of .parquet/.json/.jsonl/.txt/.csv files (optionally .gz) split by file name as `datasets` does it, or
 one such file (the train split). Local files are streamed on every run, never taken from the
 `datasets` cache, so the sidecar's input sha256 always describes the text that was tokenized. Every
-row is a document, empty ones included (in .txt every line: use .jsonl for multi-line documents).
+row is a document, empty ones included; a .txt is cut at lines holding only <|endoftext|> (TinyStoriesV2's
+own files: multi-line stories), or, without such lines, holds one document per line.
 Without a validation split, validation is carved from train by a seeded permutation and train is the
 rest, whether or not validation was asked for. Files are written atomically (temp file, fsync,
 rename), the sidecar last; a split whose sidecar records the same settings is skipped ("up to date").
@@ -90,6 +91,7 @@ HUB_PROBE_TIMEOUT_S = 3.0  # seconds to wait for huggingface.co before giving up
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}  # -> builder
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # datasets decompresses these by suffix
 OWN_READER = {".txt": "text", ".jsonl": "json"}  # read here, streamed, so that an error names the file and line
+TEXT_SEPARATOR = ENDOFTEXT.encode()  # a .txt line holding only this ends a document (TinyStoriesV2-GPT4-train.txt)
 OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}  # what the own reader decompresses (not .zst)
 CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
 SHARD_DIGITS = 6  # train_000000.npy: names sort in shard order, up to 999,999 shards
@@ -314,15 +316,27 @@ def _read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
 
 def _file_documents(path: str, column: str) -> Iterator[str]:
     """One file's documents; a fault is a ValueError naming the file and line. A .jsonl line is a document (blank lines
-    skipped), and so is a .txt line. Lines end at b"\n" alone: a lone \r is text, one before the \n ends the line."""
-    number, jsonl = 0, _builder_for(path) == "json"
+    skipped). A .txt with separator lines (<|endoftext|> alone, spaces around it ignored) holds the stories between them,
+    inner line breaks kept, as TinyStoriesV2-GPT4-*.txt does; without one, each line is a document. Lines end at \\n
+    alone: a lone \\r is text, and one before the \\n ends the line with it (so \\r\\n files round-trip)."""
+    number, jsonl, story = 0, _builder_for(path) == "json", []
     try:
         with OPENERS.get(Path(path).suffix, open)(path, "rb") as f:
+            separated = not jsonl and any(line.strip() == TEXT_SEPARATOR for line in f)  # a first pass, until one
+            f.seek(0)
             for number, line in enumerate(f, 1):
-                if not jsonl:
+                if jsonl:
+                    if line.strip():  # blank lines are skipped
+                        yield _json_text(line, column)
+                elif not separated:
                     yield _cut_line_end(line.decode("utf-8"))
-                elif line.strip():
-                    yield _json_text(line, column)
+                elif line.strip() == TEXT_SEPARATOR:  # the story's last line break belongs to the separator
+                    yield _cut_line_end("".join(story))
+                    story = []
+                else:
+                    story.append(line.decode("utf-8"))
+            if "".join(story).strip():  # text after the last separator line: a story unless only spaces
+                yield _cut_line_end("".join(story))
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as e:  # ValueError: bad JSON or UTF-8, ...
         where = f" line {number}" if isinstance(e, ValueError) else f" after line {number}" if number else ""
         raise ValueError(f"cannot read {path}{where}: {e}") from e
@@ -823,7 +837,9 @@ def prepare(dataset: str | os.PathLike | None = None, out: str | os.PathLike | N
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prepare_tokens.py", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", help=f"Hub name (roneneldan/TinyStories) or local folder/file; default: {SAMPLE_DATASET}")
+    p.add_argument("--dataset", help=f"Hub name (roneneldan/TinyStories) or local folder/file; default: {SAMPLE_DATASET}. "
+                   "A .txt holding lines of only <|endoftext|> (TinyStoriesV2-GPT4-train.txt) is split at them, each story "
+                   "keeping its line breaks; a .txt without such a line holds one document per line")
     p.add_argument("--out", help="output folder; default: data/<dataset name> under the repo root")
     p.add_argument("--column", default="text", help="column holding the text (default: text)")
     p.add_argument("--splits", nargs="+", default=list(DEFAULT_SPLITS), help="splits to write (default: train validation)")

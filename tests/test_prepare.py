@@ -762,6 +762,25 @@ def test_other_input_formats(tmp_path, enc, kind):
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", results["train"].meta["source"]["input_fingerprint"])
 
 
+def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(tmp_path, enc):
+    stories = ["Once upon a time.\nTom said hi.\n\nThe end.", 'Lily wrote "<|endoftext|>" in a line.', "",
+               "A lone carriage return\rstays inside the story.", "  spaces kept  "]  # fmt: skip
+    folder = tmp_path / "tinystories_v2"
+    folder.mkdir()
+    (folder / "train.txt").write_bytes("".join(f"{s}\n<|endoftext|>\n" for s in stories).encode())  # TinyStoriesV2
+    crlf = [s.replace("\n", "\r\n") for s in stories]  # a Windows copy; the last story has no separator after it
+    (folder / "validation.txt").write_bytes(("\r\n  <|endoftext|> \r\n".join(crlf) + "\r\n").encode())
+    results = prepare(folder, tmp_path / "out")
+    assert decoded(tmp_path / "out" / "train.npy", enc) == stories and results["train"].meta["n_docs"] == 5
+    assert decoded(tmp_path / "out" / "validation.npy", enc) == crlf  # "\r\n" inside a story is kept as it was
+    lines = ["one document", "a lone \r is not a line break", "", "<|endoftext|> is text on a longer line"]
+    (folder / "train.txt").write_bytes("\r\n".join(lines).encode())  # no separator line: one document per line
+    (folder / "validation.txt").write_bytes(b"v\n")
+    assert decoded(tmp_path / "out" / "train.npy", enc) != lines and prepare(folder, tmp_path / "out")["train"].written
+    assert decoded(tmp_path / "out" / "train.npy", enc) == lines
+    assert "lines of only <|endoftext|>" in " ".join(pt._parser().format_help().split())  # the rule, in --help
+
+
 # --- parameters and output folder -----------------------------------------------------------------
 
 
