@@ -65,7 +65,8 @@ from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str  # GPT-2's specia
 from tqdm import tqdm
 
 from npy_datasets import (  # beside this file; importing it imports numpy only, never torch
-    FORMAT_VERSION, TokenFileError, check_token_dtype, probe_sha256, read_sidecar, sidecar_path, token_dtype)
+    FORMAT_VERSION, LLMC_FORMATS, LLMC_HEADER_BYTES, TokenFileError, check_token_dtype, probe_sha256, read_sidecar,
+    sidecar_path, token_dtype)
 
 __all__ = ["TextSplit", "PreparedSplit", "HubUnreachableError", "gpt2_encoding", "hub_reachable", "load_text_splits",
            "carve_validation", "tokenize_documents", "npy_header", "write_token_file", "write_sidecar",
@@ -85,7 +86,8 @@ ENCODING = "gpt2"  # tiktoken encoding: GPT-2's 50,257-token BPE (from TIKTOKEN_
 EOT_PLACEMENT = "prepend"  # EOT opens each document: a window starting at one sees a story from its start (llm.c)
 EOT_PLACEMENTS = (EOT_PLACEMENT, "append")  # or EOT ends each document, as nanoGPT's prepare.py writes it (--eot)
 CHUNK_DOCS = 1024  # documents per thread-pool task (and per read): amortises overhead, bounds memory
-LAYOUTS = ("npy", "bin")  # .npy with a header (np.load works), or raw headerless .bin (nanoGPT)
+LAYOUTS = ("npy", "bin", "llmc")  # .npy with a header (np.load works), raw headerless .bin (nanoGPT), llm.c's .bin shards
+SUFFIXES = {"npy": ".npy", "bin": ".bin", "llmc": ".bin"}  # llm.c's shards are .bin files too: their header tells them apart
 NPY_HEADER_SIZE = 128  # bytes before the data: a multiple of 64 as numpy wants, with room for any 64-bit length
 HUB_PROBE_TIMEOUT_S = 3.0  # seconds to wait for huggingface.co before giving up on the Hub
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}  # -> builder
@@ -491,6 +493,14 @@ def npy_header(dtype: Any, n_tokens: int) -> bytes:
     return b"\x93NUMPY\x01\x00" + text_len.to_bytes(2, "little") + text.encode("latin1")
 
 
+def _llmc_header(dtype: Any, n_tokens: int) -> bytes:
+    """llm.c's shard header: 256 int32 words, magic and version (which give the dtype), token count, then zeros."""
+    ((magic, (version, _)),) = [item for item in LLMC_FORMATS.items() if item[1][1] == check_token_dtype(dtype, "token dtype")]
+    if n_tokens >= 2**31:  # the count is an int32
+        raise ValueError(f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}; pass a smaller shard_tokens")
+    return np.array([magic, version, n_tokens], dtype="<i4").tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
+
+
 def _as_token_array(chunk: Any, dtype: np.dtype) -> np.ndarray:
     """chunk cast to dtype, after checking every id fits: a plain astype would wrap 70000 to 4464."""
     ids = np.asarray(chunk)
@@ -554,21 +564,21 @@ def write_token_file(chunks: Iterable[Any], path: str | os.PathLike, dtype: Any 
     """Stream id chunks into path atomically (its old sidecar is deleted); return counts, size and sha256."""
     path, dtype = Path(path), check_token_dtype(dtype, "token dtype")
     _check_arguments(layout=layout)
-    if path.suffix != f".{layout}":
-        raise ValueError(f"a {layout} token file must end in .{layout}, got {path.name!r}")
-    n_tokens, max_token_id = 0, -1
+    if path.suffix != SUFFIXES[layout]:
+        raise ValueError(f"a {layout} token file must end in {SUFFIXES[layout]}, got {path.name!r}")
+    n_tokens, max_token_id, header = 0, -1, {"npy": npy_header, "llmc": _llmc_header}.get(layout)
     with _atomic_output(path, drop_first=sidecar_path(path)) as f:
-        if layout == "npy":
-            f.write(npy_header(dtype, 0))  # placeholder: same length as the real header written below
+        if header is not None:
+            f.write(header(dtype, 0))  # placeholder: same length as the real header written below
         for chunk in chunks:
             if (ids := _as_token_array(chunk, dtype)).size:
                 f.write(ids.tobytes())
                 n_tokens, max_token_id = n_tokens + ids.size, max(max_token_id, int(ids.max()))
         if n_tokens == 0:
             raise ValueError(f"no tokens to write to {path}")
-        if layout == "npy":
+        if header is not None:
             f.seek(0)
-            f.write(npy_header(dtype, n_tokens))  # the true length, over the placeholder
+            f.write(header(dtype, n_tokens))  # the true length, over the placeholder
         f.seek(0)
         sha256 = hashlib.file_digest(f, "sha256").hexdigest()  # one read of the finished file, which ends at its size
         file_size = f.tell()
@@ -635,12 +645,12 @@ def shard_path(out: str | os.PathLike, split: str, index: int, layout: str = "np
     """<out>/<split>_<index, 6 digits>.<layout>: shard names sort in shard order."""
     if not 0 <= index < 10**SHARD_DIGITS:
         raise ValueError(f"shard index {index} needs more than {SHARD_DIGITS} digits; choose a larger shard_tokens")
-    return Path(out) / f"{split}_{index:0{SHARD_DIGITS}d}.{layout}"
+    return Path(out) / f"{split}_{index:0{SHARD_DIGITS}d}{SUFFIXES[layout]}"
 
 
 def _existing_shards(out: Path, split: str, layout: str) -> dict[int, Path]:
     """The shard files of split in out, by index (only exact <split>_dddddd.<layout> names)."""
-    name = re.compile(rf"{re.escape(split)}_(\d{{{SHARD_DIGITS}}})\.{layout}")
+    name = re.compile(rf"{re.escape(split)}_(\d{{{SHARD_DIGITS}}}){re.escape(SUFFIXES[layout])}")
     matches = (name.fullmatch(entry.name) for entry in (out.iterdir() if out.is_dir() else ()))
     return {int(m[1]): out / m[0] for m in matches if m is not None}
 
@@ -757,7 +767,7 @@ def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encodi
         "eot_placement": eot_placement, "dtype": dtype.name, "layout": layout, "format_version": FORMAT_VERSION,
         **({"shard_tokens": int(shard_tokens)} if sharded else {}),  # only when sharded: one-file fingerprints stay
     }  # fmt: skip
-    path = out / (f"{split.name}_{'[0-9]' * SHARD_DIGITS}.{layout}" if sharded else f"{split.name}.{layout}")
+    path = out / ((f"{split.name}_{'[0-9]' * SHARD_DIGITS}" if sharded else split.name) + SUFFIXES[layout])
     existing = [p for _, p in sorted(_existing_shards(out, split.name, layout).items())] if sharded else [path]
     if not force and (metas := _up_to_date(existing, settings_fingerprint(settings), sharded)) is not None:
         return _result(split.name, path, metas, False, sharded)
@@ -846,7 +856,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help=f"validation carved from train if none (default: {VAL_FRACTION})")
     p.add_argument("--seed", type=int, default=SEED, help=f"seed of that carve (default: {SEED})")
     p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default: {ENCODING}, from the bundled files)")
-    p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy", help="npy (default) or nanoGPT's raw .bin")
+    p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy", help="npy (default), bin: nanoGPT's "
+                   "raw .bin, or llmc: llm.c's .bin (a 256-int32 header: magic 20240520, version 1, token count; uint16 ids)")
     p.add_argument("--num-threads", type=int, help=f"tokenizer threads (default: usable cores, here {_usable_cores()})")
     p.add_argument("--chunk-docs", type=int, default=CHUNK_DOCS, help=f"documents per thread task (default: {CHUNK_DOCS})")
     p.add_argument("--shard-tokens", type=int, metavar="N", help="write each split as shards of N tokens "

@@ -779,7 +779,7 @@ def test_item_29_prep_parameters(tmp_path, pt):
         ({"val_fraction": -0.1}, ValueError, "got -0.1"),
         ({"val_fraction": "0.1"}, TypeError, "val_fraction must be a number, got '0.1'"),
         ({"seed": -1}, ValueError, "seed must be an int >= 0, got -1"),
-        ({"layout": "csv"}, ValueError, "layout must be one of ('npy', 'bin'), got 'csv'"),
+        ({"layout": "csv"}, ValueError, "layout must be one of ('npy', 'bin', 'llmc'), got 'csv'"),
         ({"splits": []}, ValueError, "splits must be one or more non-empty names, got []"),
         ({"splits": ["train", "train"]}, ValueError, "splits must be distinct, got ['train', 'train']"),
     ]

@@ -378,6 +378,36 @@ def test_shards_hold_exactly_shard_tokens_and_concatenate_to_the_one_file(tmp_pa
     ]
 
 
+def llmc_shard(path: Path) -> np.ndarray:
+    """Read a shard by llm.c's layout, by hand: 256 int32 words (magic, version, token count, zeros), then the ids."""
+    header = np.fromfile(path, dtype="<i4", count=256)
+    magic, version, count = header[:3].tolist()
+    dtype = {(20240520, 1): np.uint16, (20240801, 7): np.uint32}[magic, version]
+    tokens = np.fromfile(path, dtype=dtype, offset=256 * 4)
+    assert len(tokens) == count and not header[3:].any() and path.stat().st_size == 1024 + count * np.dtype(dtype).itemsize
+    return tokens
+
+
+def test_llmc_shards_have_llmcs_header_and_hold_the_npy_tokens(tmp_path, enc):
+    data = make_dataset(tmp_path / "in", MANY, MANY[:5])
+    prepare(data, tmp_path / "npy")
+    assert pt.main(["--dataset", str(data), "--out", str(tmp_path / "llmc"), "--format", "llmc", "--shard-tokens", "100"]) == 0
+    for split in ("train", "validation"):
+        shards = sorted((tmp_path / "llmc").glob(f"{split}_*.bin"))
+        assert len(shards) > 1 and [len(llmc_shard(p)) for p in shards][:-1] == [100] * (len(shards) - 1)
+        assert np.array_equal(np.concatenate([llmc_shard(p) for p in shards]), np.load(tmp_path / "npy" / f"{split}.npy"))
+        for path in shards:  # the loader reads them by their header, and the sidecar agrees
+            assert open_tokens(path, verify=True).tolist() == llmc_shard(path).tolist()
+            assert read_sidecar(path)["layout"] == "llmc" and llmc_shard(path).dtype == np.uint16
+    wide = tiktoken.Encoding("gpt2_wide_eot", pat_str=enc._pat_str, mergeable_ranks=enc._mergeable_ranks,
+                             special_tokens={"<|endoftext|>": 70_000})  # over 65,536 ids: uint32, magic 20240801
+    split = pt.TextSplit("train", datasets.Dataset.from_dict({"text": DOCS}), "text", {"dataset": "inline", "split": "train"})
+    result = pt.prepare_split(split, tmp_path / "wide", wide, layout="llmc", progress=False)
+    assert result.path.name == "train.bin" and np.fromfile(result.path, dtype="<i4", count=2).tolist() == [20240801, 7]
+    expected = [i for text in DOCS for i in (70_000, *enc.encode_ordinary(text))]
+    assert llmc_shard(result.path).tolist() == expected == open_tokens(result.path).tolist()
+
+
 def test_sharded_rerun_skips_rebuilds_on_change_and_is_byte_identical(tmp_path):
     data, out = make_dataset(tmp_path / "in", MANY, MANY[:3]), tmp_path / "out"
     first = prepare(data, out, shard_tokens=300)["train"]
