@@ -6,6 +6,7 @@ parsed code (docstring and annotations included, comments and layout not) must e
 """
 
 import ast
+import builtins
 import inspect
 import json
 import re
@@ -98,17 +99,26 @@ def test_there_are_numbered_notebooks():
         assert re.fullmatch(r"\d\d_[a-z0-9]+(_[a-z0-9]+)+\.ipynb", nb.name), nb.name
 
 
-def test_every_public_name_is_taught_somewhere():
+def _used_names(notebook: Path) -> set[str]:
+    """Names a notebook's code reads: plain names and attributes (nd.open_tokens reads open_tokens)."""
+    used = set()
+    for source in _code_cells(notebook):
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Name):
+                used.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                used.add(node.attr)
+    return used
+
+
+def test_every_public_name_is_taught_or_used_somewhere():
+    """The notebooks teach the core line for line and show the rest by import: every public name of
+    the modules is either defined in a notebook (and equal to the module's) or used by one."""
     taught = taught_definitions()
-    modules = module_definitions()
-    missing = []
-    for module, defs in modules.items():
-        for name in public_names(module):
-            parts = [q for q in defs if q == name or q.startswith(name + ".")]
-            missing += [f"{module}.{q}" for q in parts if q not in taught]
-            if not parts:
-                missing.append(f"{module}.{name} (not a def, class or constant)")
-    assert not missing, f"defined in the module but taught in no notebook: {missing}"
+    used = set().union(*(_used_names(nb) for nb in NOTEBOOKS))
+    missing = [f"{module}.{name}" for module in MODULES for name in public_names(module)
+               if name not in used and not any(q == name or q.startswith(name + ".") for q in taught)]  # fmt: skip
+    assert not missing, f"public, but neither taught nor used in any notebook: {missing}"
 
 
 def test_taught_definitions_equal_the_modules():
@@ -153,3 +163,92 @@ def test_notebook_hygiene(notebook):
             if not ignored:
                 assert out.get("name") != "stderr", f"stderr in a compared cell:\n{source[:200]}"
         assert not ABSOLUTE_PATH.search(source), f"absolute path in:\n{source[:200]}"
+
+
+# --- size and names ----------------------------------------------------------------------------
+
+MAX_CELL_LINES, MAX_NOTEBOOK_LINES = 40, 400  # a step is short enough to read at once
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_cells_are_short_and_notebooks_too(notebook):
+    sizes = [len(source.splitlines()) for source in _code_cells(notebook)]
+    assert max(sizes) <= MAX_CELL_LINES, f"a code cell of {max(sizes)} lines (cell {sizes.index(max(sizes))})"
+    assert sum(sizes) <= MAX_NOTEBOOK_LINES, f"{sum(sizes)} code lines"
+
+
+IPYTHON_NAMES = {"display", "get_ipython", "In", "Out", "_", "__", "___"}  # defined by the kernel
+NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
+                 ast.DictComp, ast.GeneratorExp)  # fmt: skip
+
+
+def _scope_parts(scope: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
+    """The nodes a scope evaluates itself, and the nested scopes inside it. A def's decorators, defaults
+    and annotations belong to the scope around it; its parameters and body to its own."""
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        todo = [scope.args] + (scope.body if isinstance(scope.body, list) else [scope.body])
+    elif isinstance(scope, ast.ClassDef):
+        todo = list(scope.body)
+    else:  # a module or a comprehension
+        todo = list(ast.iter_child_nodes(scope))
+    own, nested = [], []
+    while todo:
+        node = todo.pop()
+        own.append(node)
+        if isinstance(node, NESTED_SCOPES):
+            nested.append(node)
+            outer = [*getattr(node, "decorator_list", []), *getattr(node, "bases", []), *getattr(node, "keywords", [])]
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                args = node.args
+                outer += [*args.defaults, *[d for d in args.kw_defaults if d is not None]]
+                outer += [a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.annotation]
+                outer += [node.returns] if getattr(node, "returns", None) else []
+            todo.extend(outer)
+        elif isinstance(node, ast.arguments):
+            own.extend(a for a in [*node.posonlyargs, *node.args, *node.kwonlyargs, node.vararg, node.kwarg] if a)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+    return own, nested
+
+
+def _bound(nodes: list[ast.AST]) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names |= set(node.names)
+    return names
+
+
+def _undefined(scope: ast.AST, visible: set[str], module_names: set[str]) -> list[tuple[str, int]]:
+    """Names a scope reads that nothing binds: in itself, an enclosing function, or (for code that runs
+    later, inside a def) anywhere in the notebook's top level."""
+    own, nested = _scope_parts(scope)
+    mine = visible | _bound(own) | (_bound([scope]) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else set())
+    missing = [(n.id, n.lineno) for n in own if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in mine]
+    inner = (mine - _bound(own)) | module_names if isinstance(scope, ast.ClassDef) else mine | module_names
+    for child in nested:
+        missing += _undefined(child, inner, module_names)
+    return missing
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_code_uses_no_undefined_name(notebook):
+    """Read in order, every name a notebook's code uses is defined in it (or is a builtin): a name that
+    only another notebook, or the module, defines would fail the first time that line runs."""
+    trees = [ast.parse(source) for source in _code_cells(notebook)]
+    everywhere = set().union(*(_bound(_scope_parts(t)[0]) for t in trees))
+    seen, problems = set(dir(builtins)) | IPYTHON_NAMES, []
+    for number, tree in enumerate(trees):
+        seen |= _bound(_scope_parts(tree)[0])
+        problems += [f"cell {number}: {name} (line {line})" for name, line in _undefined(tree, seen, everywhere | seen)]
+    assert not problems, "undefined names:\n" + "\n".join(problems)
