@@ -7,23 +7,13 @@
     for result in prepare(out="data/tinystories_sample"):  # the bundled sample; one PreparedSplit per split
         print(result.summary())  # train: 1,800 docs, 342,147 tokens, uint16 -> data/... (written)
 
-Per split: <out>/<split>.npy (np.load reads it) or, with --format bin, nanoGPT's raw <split>.bin, and
-the sidecar <split>.npy.json that describes it. --shard-tokens N writes shards of exactly N tokens (the
-last: the rest), <split>_000000.npy, ..., each with its sidecar, read by the glob the command prints.
-Every document is [EOT, *encode_ordinary(text)]: the end-of-text token (50256) opens each one, and a
-literal "<|endoftext|>" in a story is ordinary text. GPT-2's BPE comes from the bundled, sha256-checked
-materials/tiktoken_cache: no network, whatever TIKTOKEN_CACHE_DIR says.
-
---dataset (default: the bundled sample) is a Hub name (an unreachable Hub is a clear error within
-seconds; with HF_HUB_OFFLINE=1 the local Hugging Face cache is read), a save_to_disk folder, a folder
-of .parquet/.json/.jsonl/.txt/.csv files (optionally .gz) split by file name as `datasets` does it, or
-one such file (the train split). Local files are streamed on every run, never taken from the
-`datasets` cache, so the sidecar's input sha256 always describes the text that was tokenized. Every
-row is a document, empty ones included; a .txt is cut at lines holding only <|endoftext|> (TinyStoriesV2's
-own files: multi-line stories), or, without such lines, holds one document per line.
-Without a validation split, validation is carved from train by a seeded permutation and train is the
-rest, whether or not validation was asked for. Files are written atomically (temp file, fsync,
-rename), the sidecar last; a split whose sidecar records the same settings is skipped ("up to date").
+Per split: <out>/<split>.npy (or, --format bin, nanoGPT's raw .bin; --format llmc, llm.c's .bin) and its JSON sidecar;
+--shard-tokens N cuts a split into shards of N tokens. A document is [EOT, *encode_ordinary(text)] (--eot append: EOT last,
+as nanoGPT); a literal "<|endoftext|>" in a story is ordinary text. GPT-2's BPE comes from the bundled, sha256-checked
+materials/tiktoken_cache. --dataset is a Hub name, a save_to_disk folder, a folder of .parquet/.json/.jsonl/.txt/.csv files
+(optionally .gz) split by file name, or one such file (train). Local files are streamed, never from the `datasets` cache.
+Without a validation split, validation is carved from train. Files are written atomically, the sidecar last; a split whose
+sidecar records the same settings is skipped ("up to date"). The README's "Shards and other formats" says more.
 """
 
 from __future__ import annotations
@@ -139,8 +129,6 @@ class PreparedSplit:
 
 
 # ---- Arguments: every rule in one place, checked before any slow work starts. --------------------------------
-
-
 def _whole(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
@@ -158,26 +146,23 @@ def _check_arguments(
     layout: str = "npy", num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS, shard_tokens: int | None = None,
     eot_placement: str = EOT_PLACEMENT,
 ) -> tuple[tuple[str, ...], int]:  # fmt: skip
-    """Refuse a bad argument with a ValueError or TypeError naming it; return (split names, threads).
-    Each public function passes the arguments it takes (the defaults are valid)."""
+    """Refuse a bad argument with a ValueError or TypeError naming it; return (split names, threads). Defaults are valid."""
     names = (splits,) if isinstance(splits, str) else tuple(splits)
     if not names or not all(isinstance(s, str) and s for s in names):
         raise ValueError(f"splits must be one or more non-empty names, got {splits!r}")
     if len(set(names)) != len(names):
         raise ValueError(f"splits must be distinct, got {list(names)}")
     if bad := [name for name in names if not _SPLIT_NAME.fullmatch(name)]:  # "../x" or "/x" would leave the folder
-        raise ValueError(f"split name {bad[0]!r} cannot be a file name: use letters, digits, '_', '.' and '-', "
-                         "starting with a letter, digit or '_'")  # fmt: skip
+        raise ValueError(f"split name {bad[0]!r} cannot be a file name: use letters, digits, '_', '.' and '-', not first '.'")
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float, np.floating)):
         raise TypeError(f"val_fraction must be a number, got {val_fraction!r}")
     if not (math.isfinite(val_fraction) and 0 < val_fraction < 1):
         raise ValueError(f"val_fraction must be strictly between 0 and 1, got {val_fraction}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if eot_placement not in EOT_PLACEMENTS:
-        raise ValueError(f"eot_placement must be one of {EOT_PLACEMENTS}, got {eot_placement!r}")
+    for name, value, valid in (("layout", layout, LAYOUTS), ("eot_placement", eot_placement, EOT_PLACEMENTS)):
+        if value not in valid:
+            raise ValueError(f"{name} must be one of {valid}, got {value!r}")
     _whole("chunk_docs", chunk_docs)
     if shard_tokens is not None:
         _whole("shard_tokens", shard_tokens)
@@ -193,13 +178,10 @@ def _display_path(path: Path) -> str:
 
 
 # ---- The tokenizer: GPT-2's BPE from the bundled files. ------------------------------------------------------
-
-
 @functools.cache
 def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encoding:
     """GPT-2's encoding, equal to tiktoken.get_encoding("gpt2"), from folder's encoder.json once its sha256 is checked
-    (ValueError if not). Nothing is downloaded or written (tiktoken's loaders copy files into TIKTOKEN_CACHE_DIR),
-    so no TIKTOKEN_CACHE_DIR, elsewhere or read-only, can break an offline run."""
+    (ValueError if not). Nothing is downloaded or written: no TIKTOKEN_CACHE_DIR, elsewhere or read-only, breaks it."""
     path = Path(folder) / GPT2_ENCODER_JSON
     raw = path.read_bytes()
     if hashlib.sha256(raw).hexdigest() != GPT2_ENCODER_SHA256:
@@ -213,8 +195,6 @@ def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encodi
 
 
 # ---- Loading: Hub names and local files become one (Iterable)Dataset per output split. -----------------------
-
-
 def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
     """Whether the Hub accepts a TCP connection within timeout seconds; False when offline mode is set."""
     if datasets.config.HF_HUB_OFFLINE or any(os.environ.get(flag, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
@@ -261,8 +241,7 @@ def _input_fingerprint(paths: Iterable[str]) -> str:
 
 
 def _load_hub(name: str) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """All splits of a Hub dataset and their files. Unreachable: stop now (datasets would retry for half a minute);
-    with HF_HUB_OFFLINE=1 set by the user, datasets reads its local cache alone."""
+    """All splits of a Hub dataset and their files; unreachable: stop now (datasets would retry for half a minute)."""
     offline, sample = datasets.config.HF_HUB_OFFLINE, _display_path(REPO_ROOT / SAMPLE_DATASET)
     why = ("the Hugging Face Hub is unreachable (HF_HUB_OFFLINE=1) and the dataset is not in the local cache" if offline
            else "the Hugging Face Hub is unreachable; if the dataset is in your local cache, set HF_HUB_OFFLINE=1 to read it")
@@ -301,26 +280,23 @@ def _load_local(path: Path, column: str) -> tuple[dict[str, Any], dict[str, list
 
 
 def _read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
-    """The documents of .jsonl and .txt files (optionally .gz, .bz2, .xz), in order, streamed, as tables of CHUNK_DOCS rows."""
-    texts: list[str] = []
+    """The documents of .jsonl or .txt files (optionally .gz, .bz2, .xz) in order, streamed, in tables of CHUNK_DOCS rows; a
+    fault is a ValueError naming the file and line. A .jsonl line is a document. A .txt with lines of only <|endoftext|>
+    (TinyStoriesV2-GPT4-*.txt) holds the stories between them, line breaks kept; without one, a document per line. Lines
+    end at \\n alone: a lone \\r is text, and \\r\\n round-trips."""
     for path in paths:
-        docs = 0
-        for docs, text in enumerate(_file_documents(path, column), 1):
-            texts.append(text)
-            if len(texts) == CHUNK_DOCS:
-                yield pa.table({column: texts})
-                texts = []
-        if not docs:
+        texts = _file_documents(path, column)
+        if not (batch := list(islice(texts, CHUNK_DOCS))):
             raise ValueError(f"cannot read {path}: it holds no documents")
-    if texts:
-        yield pa.table({column: texts})
+        while batch:
+            yield pa.table({column: batch})
+            batch = list(islice(texts, CHUNK_DOCS))
 
 
 def _file_documents(path: str, column: str) -> Iterator[str]:
-    """One file's documents; a fault is a ValueError naming the file and line. A .jsonl line is a document (blank lines
-    skipped). A .txt with separator lines (<|endoftext|> alone, spaces around it ignored) holds the stories between them,
-    inner line breaks kept, as TinyStoriesV2-GPT4-*.txt does; without one, each line is a document. Lines end at \\n
-    alone: a lone \\r is text, and one before the \\n ends the line with it (so \\r\\n files round-trip)."""
+    def cut(text: str) -> str:  # the line's end off: "\r\n" or "\n"
+        return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
+
     number, jsonl, story = 0, _builder_for(path) == "json", []
     try:
         with OPENERS.get(Path(path).suffix, open)(path, "rb") as f:
@@ -328,17 +304,17 @@ def _file_documents(path: str, column: str) -> Iterator[str]:
             f.seek(0)
             for number, line in enumerate(f, 1):
                 if jsonl:
-                    if line.strip():  # blank lines are skipped
+                    if line.strip():
                         yield _json_text(line, column)
                 elif not separated:
-                    yield _cut_line_end(line.decode("utf-8"))
+                    yield cut(line.decode("utf-8"))
                 elif line.strip() == TEXT_SEPARATOR:  # the story's last line break belongs to the separator
-                    yield _cut_line_end("".join(story))
+                    yield cut("".join(story))
                     story = []
                 else:
                     story.append(line.decode("utf-8"))
             if "".join(story).strip():  # text after the last separator line: a story unless only spaces
-                yield _cut_line_end("".join(story))
+                yield cut("".join(story))
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as e:  # ValueError: bad JSON or UTF-8, ...
         where = f" line {number}" if isinstance(e, ValueError) else f" after line {number}" if number else ""
         raise ValueError(f"cannot read {path}{where}: {e}") from e
@@ -357,10 +333,6 @@ def _json_text(line: bytes, column: str) -> str:
     if not text.isascii() and (surrogate := re.search("[\ud800-\udfff]", text)):  # from an escape such as "\ud800"
         raise ValueError(f"column {column!r} holds a lone surrogate ({ascii(surrogate[0])}), which is not text")
     return text
-
-
-def _cut_line_end(text: str) -> str:
-    return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
 
 
 def _batches(documents: Any, where: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
@@ -443,8 +415,6 @@ def _iter_texts(split: TextSplit) -> Iterator[str]:
 
 
 # ---- Tokenizing: chunks of documents on a thread pool, results always in input order. ------------------------
-
-
 def _encode_chunk(enc: tiktoken.Encoding, texts: list[str], append: bool = False) -> np.ndarray:
     """[EOT, *ids] (append: [*ids, EOT]) for each text, concatenated into one uint32 array; no special token is emitted."""
     eot, parts = np.array([enc.eot_token], dtype=np.uint32), []
@@ -459,8 +429,7 @@ def _encode_chunk(enc: tiktoken.Encoding, texts: list[str], append: bool = False
 
 def tokenize_documents(texts: Iterable[str], enc: tiktoken.Encoding, *, num_threads: int | None = None,
                        chunk_docs: int = CHUNK_DOCS, eot_placement: str = EOT_PLACEMENT) -> Iterator[np.ndarray]:  # fmt: skip
-    """Yield one uint32 id array per chunk of chunk_docs documents, in input order; each document is [EOT, *ids],
-    or [*ids, EOT] with eot_placement="append"."""
+    """Yield one uint32 id array per chunk of chunk_docs documents, in input order; a document is [EOT, *ids] ("append": [*ids, EOT])."""
     _, num_threads = _check_arguments(num_threads=num_threads, chunk_docs=chunk_docs, eot_placement=eot_placement)
 
     def in_order(texts: Iterator[str]) -> Iterator[np.ndarray]:
@@ -480,8 +449,6 @@ def tokenize_documents(texts: Iterable[str], enc: tiktoken.Encoding, *, num_thre
 
 
 # ---- Writing: stream to a temp file, fsync, rename; the sidecar last. ----------------------------------------
-
-
 def npy_header(dtype: Any, n_tokens: int) -> bytes:
     """A .npy format 1.0 header for a 1-D array of n_tokens, always NPY_HEADER_SIZE bytes long."""
     descr = check_token_dtype(dtype, "token dtype").str  # e.g. '<u2'
@@ -524,8 +491,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _new_temp(path: Path, folder: bool = False) -> tuple[Path, int | None]:
-    """A new temp file, open (or a new folder), beside path: .<name>.tmp.<pid>.<random>, which clean_stale_temp_files
-    knows. O_EXCL never opens an existing name, a planted link included: another name is drawn."""
+    """A new temp file, open (or a new folder), beside path: .<name>.tmp.<pid>.<random>; O_EXCL never opens a planted link."""
     while True:
         tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
         try:
@@ -617,8 +583,7 @@ def clean_stale_temp_files(out_dir: str | os.PathLike) -> list[Path]:
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM back while a few renames must not be cut in half, then deliver them.
-    Only the main thread can change signal handlers; elsewhere signals never interrupt this thread."""
+    """Hold Ctrl-C and SIGTERM back while a few renames must not be cut in half, then deliver them (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -634,8 +599,6 @@ def _signals_deferred() -> Iterator[None]:
 
 
 # ---- Putting it together: one tokenize path, into one file or into shards. -----------------------------------
-
-
 def settings_fingerprint(settings: dict[str, Any]) -> str:
     """sha256 hex of settings as canonical JSON: equal fingerprints mean byte-identical token files."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -697,8 +660,7 @@ def _counting_documents(chunks: Iterable[np.ndarray], eot_id: int, bar: tqdm, st
 
 
 def _check_no_foreign_shard_names(out: Path, name: str, layout: str) -> None:
-    """Refuse to shard split name over files that have shard names but are not its shards (another
-    split called e.g. train_000001 has written train_000001.npy): they would be replaced or deleted."""
+    """Refuse to shard split name over files with shard names that are not its shards (a split named train_000001's)."""
     for path in _existing_shards(out, name, layout).values():
         with contextlib.suppress(TokenFileError):  # unreadable: an unfinished shard at worst, rebuilt like one
             meta = read_sidecar(path)
@@ -710,8 +672,7 @@ def _check_no_foreign_shard_names(out: Path, name: str, layout: str) -> None:
 
 def _publish(out: Path, split: TextSplit, staging: Path | None, written: list[tuple[Path, dict[str, Any], int]],
              enc: tiktoken.Encoding, settings: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
-    """Swap staged shards in, if any, then write each file's sidecar (it needs the file in place); return them.
-    Until the new sidecars exist no shard of the split looks finished: old sidecars go first, then old extra shards."""
+    """Swap staged shards in, if any (old sidecars first, then old extra shards), then write each file's sidecar."""
     if staging is not None:
         old = _existing_shards(out, split.name, settings["layout"])
         for stale in old.values():
@@ -725,14 +686,10 @@ def _publish(out: Path, split: TextSplit, staging: Path | None, written: list[tu
         _fsync_dir(out)
     metas, first_token = [], 0
     for index, (path, stats, n_docs) in enumerate(written):
-        meta = {
-            "format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "layout": settings["layout"],
-            "dtype": settings["dtype"], "shape": [stats["n_tokens"]], "n_tokens": stats["n_tokens"],
-            "file_size": stats["file_size"], "sha256": stats["sha256"], "probe_sha256": probe_sha256(path),
-            "tokenizer": settings["tokenizer"], "n_vocab": enc.n_vocab, "eot_id": enc.eot_token,
-            "eot_placement": settings["eot_placement"], "max_token_id": stats["max_token_id"], "n_docs": n_docs,
-            "source": split.source, "settings_fingerprint": settings_fingerprint(settings), "created_by": CREATED_BY,
-        }  # fmt: skip
+        meta = {"format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name, "shape": [stats["n_tokens"]],
+                **stats, **{key: settings[key] for key in ("layout", "dtype", "tokenizer", "n_vocab", "eot_id", "eot_placement")},
+                "probe_sha256": probe_sha256(path), "n_docs": n_docs, "source": split.source,
+                "settings_fingerprint": settings_fingerprint(settings), "created_by": CREATED_BY}  # fmt: skip
         if staging is not None:
             meta["shard"] = {"index": index, "count": len(written), "shard_tokens": settings["shard_tokens"],
                              "first_token": first_token}  # fmt: skip
@@ -843,27 +800,23 @@ def prepare(dataset: str | os.PathLike | None = None, out: str | os.PathLike | N
 
 
 # ---- Command line: argparse's dests are prepare()'s keyword arguments. ---------------------------------------
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="prepare_tokens.py", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", help=f"Hub name (roneneldan/TinyStories) or local folder/file; default: {SAMPLE_DATASET}. "
-                   "A .txt holding lines of only <|endoftext|> (TinyStoriesV2-GPT4-train.txt) is split at them, each story "
-                   "keeping its line breaks; a .txt without such a line holds one document per line")
+    p.add_argument("--dataset", help=f"Hub name or local folder/file; default: {SAMPLE_DATASET}. A .txt with lines of only "
+                   "<|endoftext|> (TinyStoriesV2-GPT4-train.txt) holds the stories between them; without one, a document per line")
     p.add_argument("--out", help="output folder; default: data/<dataset name> under the repo root")
     p.add_argument("--column", default="text", help="column holding the text (default: text)")
     p.add_argument("--splits", nargs="+", default=list(DEFAULT_SPLITS), help="splits to write (default: train validation)")
     p.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help=f"validation carved from train if none (default: {VAL_FRACTION})")
     p.add_argument("--seed", type=int, default=SEED, help=f"seed of that carve (default: {SEED})")
     p.add_argument("--encoding", default=ENCODING, help=f"tiktoken encoding (default: {ENCODING}, from the bundled files)")
-    p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy", help="npy (default), bin: nanoGPT's "
-                   "raw .bin, or llmc: llm.c's .bin (a 256-int32 header: magic 20240520, version 1, token count; uint16 ids)")
+    p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy", help="npy (default), nanoGPT's raw .bin, or llm.c's .bin")
     p.add_argument("--num-threads", type=int, help=f"tokenizer threads (default: usable cores, here {_usable_cores()})")
     p.add_argument("--chunk-docs", type=int, default=CHUNK_DOCS, help=f"documents per thread task (default: {CHUNK_DOCS})")
     p.add_argument("--shard-tokens", type=int, metavar="N", help="write each split as shards of N tokens "
                    "(<split>_000000.npy, ...; the last holds the rest); default: one file per split")
     p.add_argument("--eot", dest="eot_placement", choices=EOT_PLACEMENTS, default=EOT_PLACEMENT, help="end-of-text token "
-                   "before each document (default, as llm.c) or after it (as nanoGPT: --format bin --eot append gives its bytes)")
+                   "before each document (default, as llm.c) or after it (nanoGPT: --format bin --eot append is its .bin)")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     return p  # fmt: skip
 

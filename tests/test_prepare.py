@@ -808,7 +808,7 @@ def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(
     (folder / "validation.txt").write_bytes(b"v\n")
     assert decoded(tmp_path / "out" / "train.npy", enc) != lines and prepare(folder, tmp_path / "out")["train"].written
     assert decoded(tmp_path / "out" / "train.npy", enc) == lines
-    assert "lines of only <|endoftext|>" in " ".join(pt._parser().format_help().split())  # the rule, in --help
+    assert "lines of only <|endoftext|> (TinyStoriesV2-GPT4-train.txt) holds the stories" in " ".join(pt._parser().format_help().split())  # the rule, in --help
 
 
 # --- parameters and output folder -----------------------------------------------------------------
