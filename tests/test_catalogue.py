@@ -6,10 +6,9 @@ project, or (for future work) which issue it waits for. Where the project delibe
 other than the catalogue suggests, `differs` says what, and the tests check the project's own
 documented behaviour; `limit` names a case the module cannot catch and why.
 
-The catalogue itself (bad_inputs.md) lives outside this repository, so the item numbers and short
-titles are written out here; test_table_matches_the_catalogue_file compares the numbers with the
-file when it is present. The README's "What is checked" table is generated from this one and
-test_readme_table_matches_the_catalogue keeps the two equal.
+tests/bad_inputs.md is this table as a page to read, one row per item: `python tests/test_catalogue.py`
+rewrites it, and test_bad_inputs_md_is_the_table keeps the two equal. The README's "What is checked"
+figures come from the same table, and test_readme_table_matches_the_catalogue keeps them equal.
 """
 
 from __future__ import annotations
@@ -43,8 +42,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-import npy_datasets as nd
-from conftest import ROOT, write_tokens
+from conftest import ROOT, write_tokens  # first: it puts python_files/ on sys.path
+import npy_datasets as nd  # noqa: E402
 
 REMAINDERS = ("drop", "pad")  # what a rank does when world_size does not divide an epoch
 
@@ -142,8 +141,8 @@ CATALOGUE = [
                  "fit the chosen dtype is still an error, never a wrap"),
     Item(32, "dtype", "boundary ids round-trip", ("test_item_32_boundary_ids_round_trip",)),
     Item(33, "dtype", "file ids beyond the model's vocabulary", ("test_item_33_vocab_size",),
-         differs="the check uses the sidecar's max_token_id; without a sidecar vocab_size= is refused "
-                 "(there is no full-scan option)"),
+         differs="the check uses the sidecar's max_token_id; a file without a sidecar is scanned once "
+                 "for its largest id"),
     Item(34, "dtype", "special-token text inside a document", (PREP + "test_literal_endoftext_in_text_is_ordinary_text",)),
     Item(35, "dtype", "hostile text", ("test_item_35_hostile_text", PREP + "test_none_cell_names_split_row_and_column"),
          differs="a 1 MB document stands in for 100 MB to keep the suite fast; a lone surrogate is replaced "
@@ -324,12 +323,43 @@ def test_every_item_test_is_in_the_table():
         assert not orphans, f"{file}: tests no catalogue entry names: {orphans}"
 
 
-def test_table_matches_the_catalogue_file():
-    catalogue = ROOT.parent / "shared" / "reference" / "bad_inputs.md"  # beside the checkout, not in it
-    if not catalogue.is_file():
-        pytest.skip("the catalogue file is not part of this repository; the table above is the record")
-    numbers = [int(n) for n in re.findall(r"^(\d+)\. \*\*", catalogue.read_text(encoding="utf-8"), flags=re.M)]
-    assert numbers == [item.number for item in CATALOGUE]
+BAD_INPUTS_MD = ROOT / "tests" / "bad_inputs.md"
+
+
+def catalogue_markdown() -> str:
+    """tests/bad_inputs.md: one row per item, with what the project does about it and the tests that try it."""
+    rows = []
+    for item in CATALOGUE:
+        if item.not_applicable:
+            does = f"does not apply: {item.not_applicable}"
+        elif item.pending:
+            does = f"waits for {item.pending}"
+        else:
+            does = "; ".join(filter(None, ["tried", item.differs and f"by design, {item.differs}",
+                                           item.limit and f"known limit: {item.limit}"]))  # fmt: skip
+        tests = "<br>".join(f"`{ref}`" for ref in item.tests) or "none"
+        cells = [str(item.number), AREAS[item.area], item.title, does, tests]
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join([
+        "# Bad inputs and faults",
+        "",
+        "Eighty ways for a token loader and its prep step to be fed something wrong or to",
+        "fail midway, what the project does about it, and the tests that try it. Written by",
+        "`python tests/test_catalogue.py` from the table in `tests/test_catalogue.py`; a test keeps them equal.",
+        "A test named without a file lives in `tests/test_catalogue.py`.",
+        "",
+        "| # | area | bad input or fault | what the project does | tests |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+    ])
+
+
+def test_bad_inputs_md_is_the_table():
+    assert BAD_INPUTS_MD.is_file(), "tests/bad_inputs.md is missing: run python tests/test_catalogue.py"
+    assert BAD_INPUTS_MD.read_text(encoding="utf-8") == catalogue_markdown(), (
+        "tests/bad_inputs.md differs from the table: run python tests/test_catalogue.py")
+    assert len(re.findall(r"^\| \d+ \|", BAD_INPUTS_MD.read_text(encoding="utf-8"), flags=re.M)) == len(CATALOGUE) == 80
 
 
 def test_readme_table_matches_the_catalogue():
@@ -1524,3 +1554,8 @@ def test_item_80_output_modes_follow_the_umask(tmp_path, pt):
             os.umask(previous)
         assert {name: stat.S_IMODE((out / name).stat().st_mode) for name in ("train.npy", "train.npy.json")} == {
             "train.npy": mode, "train.npy.json": mode}  # fmt: skip
+
+
+if __name__ == "__main__":  # python tests/test_catalogue.py: rewrite tests/bad_inputs.md from the table
+    BAD_INPUTS_MD.write_text(catalogue_markdown(), encoding="utf-8")
+    print(f"wrote {BAD_INPUTS_MD.relative_to(ROOT)}: {len(CATALOGUE)} items")
