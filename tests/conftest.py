@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python_files"))
+sys.path.insert(0, str(ROOT / "tools"))  # code_hazards, the linter the catalogue runs
 # The committed GPT-2 files, so tiktoken.get_encoding("gpt2") never needs the network here.
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT / "materials" / "tiktoken_cache"))
 

@@ -3,9 +3,9 @@
 The modules in python_files/ are the source of truth; test_notebooks.py fails when a notebook's
 copy of a definition differs. After changing a module:
 
-    .venv/bin/python tests/sync_notebooks.py            # rewrite drifted definitions in place
-    .venv/bin/python tests/sync_notebooks.py --execute  # ... and re-execute every notebook
-    .venv/bin/python tests/sync_notebooks.py --check    # exit 1 if anything would change
+    .venv/bin/python tools/sync_notebooks.py            # rewrite drifted definitions in place
+    .venv/bin/python tools/sync_notebooks.py --execute  # ... and re-execute every notebook
+    .venv/bin/python tools/sync_notebooks.py --check    # exit 1 if anything would change
 
 Only a drifted definition's own lines are replaced (a def, a method inside a class cell, a method
 taught on its own and attached with `Class.name = name`, an UPPER_CASE constant); prose, the cells
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import nbformat
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # test_notebooks holds the comparison
 from test_notebooks import MODULES, NOTEBOOKS, ROOT, definitions, taught_definitions  # noqa: E402
 
 
