@@ -48,3 +48,16 @@ def arange_file(tmp_path):
         return write_tokens(tmp_path / name, tokens, sidecar=sidecar)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def pt(tmp_path_factory):
+    """prepare_tokens, with datasets' Arrow cache in a temporary folder; imported only by the tests that use it,
+    so the loader's tests never import datasets."""
+    import datasets
+    import prepare_tokens
+
+    saved = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = str(tmp_path_factory.mktemp("hf_cache"))
+    yield prepare_tokens
+    datasets.config.HF_DATASETS_CACHE = saved

@@ -775,18 +775,6 @@ def _prep_input(folder: Path, texts: list[str], validation: list[str] | None = N
 STORIES = [f"Story {i}: " + "The dog ran to the park. " * (i % 5) + f"The end {i}." for i in range(24)]
 
 
-@pytest.fixture(scope="module")
-def pt(tmp_path_factory):
-    """prepare_tokens, with datasets' Arrow cache in a temporary folder (imported only by the tests that use it)."""
-    import datasets
-    import prepare_tokens
-
-    saved = datasets.config.HF_DATASETS_CACHE
-    datasets.config.HF_DATASETS_CACHE = str(tmp_path_factory.mktemp("hf_cache"))
-    yield prepare_tokens
-    datasets.config.HF_DATASETS_CACHE = saved
-
-
 def _prepare(pt, dataset, out, **kwargs):
     kwargs.setdefault("progress", False)
     kwargs.setdefault("num_threads", 1)

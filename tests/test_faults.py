@@ -37,18 +37,6 @@ TIMEOUT = 120  # seconds for any subprocess
 
 
 @pytest.fixture(scope="module")
-def pt(tmp_path_factory):
-    """prepare_tokens, with datasets' Arrow cache in a temporary folder."""
-    import datasets
-    import prepare_tokens
-
-    saved = datasets.config.HF_DATASETS_CACHE
-    datasets.config.HF_DATASETS_CACHE = str(tmp_path_factory.mktemp("hf_cache"))
-    yield prepare_tokens
-    datasets.config.HF_DATASETS_CACHE = saved
-
-
-@pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     """A small dataset: train.jsonl (60 documents) and validation.jsonl (9), columns text and story."""
     folder = tmp_path_factory.mktemp("input")
