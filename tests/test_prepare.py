@@ -984,3 +984,9 @@ def test_cli_shard_tokens_writes_shards_the_dataset_reads_by_glob(tmp_path):
     ds = NpyTokensDataset(str(pattern), 256)
     assert [f["tokens"] for f in ds.file_summary()] == [100_000, 100_000, 100_000, 42_147]
     assert len(ds) == 3 * (99_999 // 256) + 42_146 // 256
+
+
+def test_importing_prepare_tokens_does_not_import_torch():
+    code = "import sys, prepare_tokens; print(sorted(m for m in ('torch', 'npy_datasets') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "python_files", capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "['npy_datasets']", out.stderr
