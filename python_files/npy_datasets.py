@@ -1,6 +1,6 @@
 """Serve (x, y) next-token windows from token files on disk, without loading them into RAM.
 
-Copy this one file into your project: it needs numpy, torch and the standard library only.
+Copy this one file into your project: it needs Python 3.11+, numpy, torch and the standard library only.
 
     import torch
     from npy_datasets import NpyTokensDataset, make_dataloaders, to_device
@@ -171,6 +171,7 @@ SIDECAR_FIELDS = {
     "file_size": int, "sha256": str, "tokenizer": str, "n_vocab": int, "eot_id": int, "eot_placement": str,
     "max_token_id": int,
 }  # fmt: skip
+# Optional sidecar fields: probe_sha256 (checked when present), shard and settings_fingerprint (a shard set's).
 
 
 def read_sidecar(path: str | os.PathLike) -> dict[str, Any] | None:
@@ -205,15 +206,16 @@ class FileLayout(NamedTuple):
 
 
 def _file_layout(path: Path, dtype: Any, meta: dict[str, Any] | None) -> FileLayout:
-    """A file's layout, from its first bytes: the .npy magic, an llm.c magic (256 int32 words: magic,
-    version, count, ...), or else raw ids, dtype from the sidecar or the argument; a sidecar's "bin" is final."""
+    """A file's layout, from its first bytes: the .npy magic (a sidecar that says otherwise is refused later), an
+    llm.c magic and version (256 int32 words: magic, version, count, ...) unless a sidecar says "bin", or else raw
+    ids, their dtype from the sidecar or the argument."""
     name, size, raw = repr(str(path)), _file_size(path), meta is not None and meta["layout"] == "bin"
     with open(path, "rb") as f:
         first = f.read(12)
     magic, version, count = np.frombuffer(first.ljust(12, b"\0"), dtype="<i4").tolist()
     if first[:6] == NPY_MAGIC or (path.suffix == ".npy" and not raw):
         found = FileLayout("npy", *read_npy_header(path))
-    elif not raw and size >= 8 and magic in LLMC_LIKE:
+    elif not raw and size >= 8 and magic in LLMC_LIKE and 0 < version < 256:  # raw GPT-2 ids rarely spell both
         if magic not in LLMC_FORMATS:
             raise TokenFileError(f"{name} starts with the llm.c-like magic {magic}, which this loader does not read; "
                                  "known: 20240520 (version 1, uint16) and 20240801 (version 7, uint32)")  # fmt: skip
@@ -251,7 +253,8 @@ def open_tokens(path: str | os.PathLike, dtype: Any = None, *, vocab_size: int |
 
 def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) -> tuple[np.memmap, dict | None]:
     """open_tokens, also returning the sidecar it checked the file against (None without one)."""
-    meta = read_sidecar(path) if _file_size(path) else None
+    _file_size(path)  # a missing, empty or irregular file is refused before its sidecar is read
+    meta = read_sidecar(path)
     found, side = _file_layout(path, dtype, meta), str(sidecar_path(path))
     if meta is None and verify:
         raise TokenFileError(f"verify=True needs the sidecar {side!r}, which is missing")
@@ -329,9 +332,9 @@ def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]
     """Warn when shards that the prep step wrote as one set are missing from paths, or repeated."""
     sets: dict[str, tuple[str, int, list[int]]] = {}  # settings fingerprint -> (first path, count, indices)
     for p, meta in zip(paths, metas):
-        shard = (meta or {}).get("shard")
-        if isinstance(shard, dict) and isinstance(shard.get("index"), int) and isinstance(shard.get("count"), int):
-            sets.setdefault(str(meta.get("settings_fingerprint")), (p, shard["count"], []))[2].append(shard["index"])  # type: ignore[union-attr]
+        shard, key = (meta or {}).get("shard"), (meta or {}).get("settings_fingerprint")  # no fingerprint: no known set
+        if isinstance(shard, dict) and isinstance(shard.get("index"), int) and isinstance(shard.get("count"), int) and key:
+            sets.setdefault(str(key), (p, shard["count"], []))[2].append(shard["index"])
     for first, count, seen in sets.values():
         missing, twice = sorted(set(range(count)) - set(seen)), sorted(i for i, k in Counter(seen).items() if k > 1)
         problems = [f"shard(s) {_ranges(missing)} of {count} missing"] * bool(missing)
@@ -444,13 +447,15 @@ class NpyTokensDataset:
         if (mapped := self._maps.pop(f, None)) is None:  # re-inserted below: the newest map is the dict's last
             while len(self._maps) >= _open_file_budget(len(self._maps)):
                 del self._maps[next(iter(self._maps))]  # the least recently used map and its descriptor go
-            try:
-                tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
-            except OSError as e:
-                if e.errno not in (errno.EMFILE, errno.ENFILE) or not self._maps:
-                    raise TokenFileError(f"{file.path!r} cannot be mapped ({e.strerror}); raise the open-file limit") from None
-                del self._maps[next(iter(self._maps))]  # out of descriptors: close the oldest map and try once more
-                tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
+            for retry in (False, True):  # out of descriptors: close the oldest map and try once more
+                try:
+                    tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
+                    break
+                except OSError as e:
+                    if retry or e.errno not in (errno.EMFILE, errno.ENFILE) or not self._maps:
+                        limit = "; raise the open-file limit (ulimit -n)" if e.errno in (errno.EMFILE, errno.ENFILE) else ""
+                        raise TokenFileError(f"{file.path!r} cannot be mapped ({e.strerror}){limit}") from None
+                    del self._maps[next(iter(self._maps))]
             flat, step = np.asarray(tokens), tokens.strides[0]  # asarray: a plain ndarray, without memmap's hooks
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)  # rows overlap, one token apart: no copy
             mapped = tokens, np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
@@ -483,11 +488,15 @@ class NpyTokensDataset:
             if epoch < 0:
                 raise ValueError(f"epoch must be an int >= 0, got {epoch}")
         batch = isinstance(index, (list, np.ndarray))
+        if isinstance(index, np.ndarray) and (index.ndim != 1 or index.dtype.kind not in "iu"):
+            raise TypeError(f"an index array must be 1-D of integers, got {index.dtype} of shape {index.shape}")
         if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu" and index.dtype != np.uint64:
             if len(indices := index.astype(np.int64, copy=False)) and 0 <= indices.min() and indices.max() < n:
                 return int(epoch), indices, batch  # EpochSampler's batches: nothing to check further
-        elif batch and index and not epoch and isinstance(index[0], tuple):  # (epoch, index) pairs
+        elif isinstance(index, list) and index and not epoch and isinstance(index[0], tuple):  # (epoch, index) pairs
             keys = [self._keys(k) for k in index]
+            if nested := [pair for pair, key in zip(index, keys) if key[2]]:
+                raise TypeError(f"each (epoch, index) pair in a list holds one int index, got {nested[0]!r:.80}")
             return np.array([k[0] for k in keys], dtype=np.int64), np.concatenate([k[1] for k in keys]), True
         else:
             for k in index if batch else [index]:  # bool is an int to Python, never an index here
@@ -506,7 +515,8 @@ class NpyTokensDataset:
 
     def __getitems__(self, indices: Sequence[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A batch's B samples, gathered in one pass (torch's DataLoader calls this for a batch of indices)."""
-        epochs, keys, _ = self._keys(indices if isinstance(indices, tuple) else list(indices))
+        pair = isinstance(indices, tuple) and len(indices) == 2 and isinstance(indices[1], (list, np.ndarray))
+        epochs, keys, _ = self._keys(indices if pair else list(indices))  # pair: EpochSampler as a batch_sampler
         return list(zip(*self._gather(epochs, keys)))
 
     def locate(self, epochs: int | np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -586,18 +596,19 @@ class EpochSampler:
         if remainder == "drop" and self.num_samples < self.world_size:
             raise ValueError(f"{self.num_samples} windows for world_size={self.world_size}: with remainder=\"drop\" no "
                              "rank would get one; use remainder=\"pad\", fewer ranks or a shorter seq_len")  # fmt: skip
+        self.epoch, self._start = 0, 0  # the next pass: its epoch, and where in that epoch's order it begins
         if len(self) == 0:  # drop_last with a share smaller than one batch: an epoch would train on nothing
             raise ValueError(f"batch_size={self.batch_size} with drop_last=True leaves no batch: each of the "
                              f"{self.world_size} rank(s) gets {self._items(0, whole=False)} of the {self.num_samples} "
                              "windows; use a smaller batch_size, fewer ranks, a shorter seq_len or drop_last=False")  # fmt: skip
         self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
-        self.epoch, self._start = 0, 0  # the next pass: its epoch, and where in that epoch's order it begins
         self._pass: tuple[int, int, int] | None = None  # the latest pass: epoch, start, items it hands out
         self._handed = 0  # items the latest pass has handed out so far
 
     @property
     def dropped(self) -> int:
-        """Windows of a whole epoch that no rank sees (remainder="drop")."""
+        """Windows of each epoch that no rank sees so that ranks get equal shares (remainder="drop"); with
+        drop_last, each rank also leaves out its last partial batch, which this does not count."""
         return self.num_samples % self.world_size if self.remainder == "drop" else 0
 
     @property
@@ -606,8 +617,11 @@ class EpochSampler:
         return -self.num_samples % self.world_size if self.remainder == "pad" else 0
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass is epoch `epoch`, from its start."""
-        self.epoch, self._start, self._pass = _check_int("epoch", epoch, 0), 0, None
+        """The next pass is epoch `epoch`, from its start, or from where load_state_dict() left it in that epoch:
+        a loop that calls set_epoch(e) before each epoch, as DistributedSampler wants, resumes exactly."""
+        if _check_int("epoch", epoch, 0) != self.epoch or self._pass is not None:
+            self._start = 0
+        self.epoch, self._pass = epoch, None
 
     def _items(self, start: int, whole: bool = True) -> int:
         """Items this rank gets from position `start` of an epoch's order (whole batches with drop_last)."""
@@ -616,7 +630,8 @@ class EpochSampler:
         return items - items % self.batch_size if whole and self.batch_size and self.drop_last else items
 
     def __len__(self) -> int:
-        return self._items(0) if self.batch_size is None else -(-self._items(0) // self.batch_size)
+        """Items (batches, with batch_size) of the next pass: fewer when it resumes an epoch part-way."""
+        return self._items(self._start) if self.batch_size is None else -(-self._items(self._start) // self.batch_size)
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
         """This rank's indices of `epoch`, from position `start` of the epoch's order on."""
@@ -628,8 +643,8 @@ class EpochSampler:
         return rest[self.rank :: world]
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        # A generator: nothing happens until the first item is asked for, so an iterator that a
-        # DataLoader makes and drops unused does not use up an epoch.
+        # A generator: nothing happens until the first item is asked for, so an iterator made and dropped unused
+        # does not use up an epoch (DataLoader workers ask for items as soon as their iterator is made).
         epoch, start = self.epoch, self._start
         self.epoch, self._start = epoch + 1, 0
         mine = self.order(epoch, start)[: self._items(start)]

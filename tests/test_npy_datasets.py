@@ -494,3 +494,78 @@ def test_swapped_shards_of_one_size_are_refused_on_open(tmp_path):
         nd.NpyTokensDataset(paths, 8)
     big = write_tokens(tmp_path / "big.npy", np.arange(200_000, dtype=np.uint32))  # head and tail probed apart
     assert nd.probe_sha256(big) != nd.probe_sha256(write_tokens(tmp_path / "other.npy", np.arange(1, 200_001, dtype=np.uint32)))
+
+
+# --- found by a copier's review of the module ------------------------------------------------
+
+
+def test_a_raw_bin_whose_first_ids_spell_an_llmc_date_opens_with_its_dtype(tmp_path):
+    tokens = np.array([100, 309, 5, 6, *range(40)], dtype=np.uint16)  # as int32 the first word is 20250724
+    tokens.tofile(tmp_path / "train.bin")  # nanoGPT's layout (EOT appended): no header, no sidecar
+    assert nd.open_tokens(tmp_path / "train.bin", dtype=np.uint16).tolist() == tokens.tolist()
+    assert nd.NpyTokensDataset(tmp_path / "train.bin", 8, dtype=np.uint16)[0][0].tolist() == tokens[:8].tolist()
+
+
+def test_index_arrays_must_be_1d_integers_and_pairs_hold_one_index(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8)
+    for bad in (np.array([1.0, 2.0]), np.zeros((2, 2), dtype=np.int64), np.array(3)):
+        with pytest.raises(TypeError, match="an index array must be 1-D of integers"):
+            ds[bad]
+    assert torch.equal(ds[np.array([1, 2], dtype=np.uint64)][0], ds[[1, 2]][0])
+    with pytest.raises(TypeError, match=r"each \(epoch, index\) pair in a list holds one int index, got \(0, \[1, 2\]\)"):
+        ds[[(0, 1), (0, [1, 2])]]
+
+
+def test_getitems_reads_a_tuple_of_ints_as_indices_and_takes_an_epoch_sampler_as_batch_sampler(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8, epoch_offset=True)
+    assert [x[0].item() for x, _ in ds.__getitems__((5, 7))] == [ds[5][0][0].item(), ds[7][0][0].item()]
+    sampler = nd.EpochSampler(ds, batch_size=4, seed=1)
+    expected = [ds[epoch, indices][0] for epoch, indices in sampler]  # epoch 0
+    got = [x for x, _ in DataLoader(ds, batch_sampler=sampler)]  # epoch 1: the sampler moves on
+    sampler.set_epoch(1)
+    assert [torch.equal(a, b) for a, b in zip(got, [ds[e, i][0] for e, i in sampler])] == [True] * len(got)
+    assert len(got) == len(expected) and not all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_set_epoch_before_each_epoch_keeps_a_resumed_position_and_len_counts_the_resumed_pass(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 49 windows
+    first = nd.EpochSampler(ds, batch_size=4, seed=3)
+    full = [i.tolist() for _, i in first]
+    state = first.state_dict(consumed=5)  # epoch 0 was cut after 5 of its 13 batches
+    resumed = nd.EpochSampler(ds, batch_size=4, seed=3)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 8
+    resumed.set_epoch(0)  # what a DistributedSampler-style loop does at the top of the epoch
+    rest = [i.tolist() for _, i in resumed]
+    assert rest == full[5:] and len(rest) == 8
+    assert len(resumed) == 13
+    resumed.set_epoch(0)  # a pass has run since: set_epoch(0) is epoch 0 from its start
+    assert [i.tolist() for _, i in resumed] == full
+
+
+def test_a_map_failure_says_open_file_limit_only_when_descriptors_ran_out(arange_file, monkeypatch):
+    ds = nd.NpyTokensDataset([arange_file(400, name="a.npy"), arange_file(300, name="b.npy")], 8)
+    ds[0]  # file 0 mapped
+    real = np.memmap
+
+    def failing(code):
+        def memmap(*args, **kwargs):
+            raise OSError(code, os.strerror(code))
+        return memmap
+
+    monkeypatch.setattr(nd.np, "memmap", failing(19))  # ENODEV: a file that cannot be mapped
+    with pytest.raises(nd.TokenFileError) as info:
+        ds[len(ds) - 1]
+    assert "cannot be mapped (No such device)" in str(info.value) and "open-file limit" not in str(info.value)
+    monkeypatch.setattr(nd.np, "memmap", failing(24))  # EMFILE, on the retry too: named, not a raw OSError
+    with pytest.raises(nd.TokenFileError, match=r"cannot be mapped \(Too many open files\); raise the open-file limit"):
+        ds[len(ds) - 1]
+    monkeypatch.setattr(nd.np, "memmap", real)
+    assert ds[len(ds) - 1][0].shape == (8,)
+
+
+def test_shards_without_a_settings_fingerprint_are_not_taken_for_one_set(tmp_path, recwarn):
+    a = write_tokens(tmp_path / "a_000000.npy", np.arange(100, dtype=np.uint16), shard={"index": 0, "count": 2})
+    b = write_tokens(tmp_path / "b_000000.npy", np.arange(100, dtype=np.uint16), shard={"index": 0, "count": 2})
+    nd.NpyTokensDataset([a, b], 8)
+    assert not [w for w in recwarn if "shards written together" in str(w.message)]
