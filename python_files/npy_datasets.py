@@ -101,7 +101,8 @@ def check_token_dtype(dtype: Any, where: str) -> np.dtype:
 
 
 def probe_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file's first and last PROBE_BYTES: tells apart files of one size, say two swapped shards."""
+    """sha256 of a file's first PROBE_BYTES and its last PROBE_BYTES after those (all of a file under twice that
+    size): tells apart files of one size, say two swapped shards, without reading them whole."""
     with open(path, "rb") as f:
         head = f.read(PROBE_BYTES)
         f.seek(max(len(head), os.fstat(f.fileno()).st_size - PROBE_BYTES))
@@ -190,9 +191,9 @@ def read_sidecar(path: str | os.PathLike) -> dict[str, Any] | None:
     for key, typ in SIDECAR_FIELDS.items():
         if not isinstance(meta.get(key), typ) or isinstance(meta.get(key), bool):
             raise TokenFileError(f"sidecar {str(side)!r}: field {key!r} should be {typ.__name__}, found {meta.get(key)!r}")
-    if meta["format_version"] > FORMAT_VERSION:
-        raise TokenFileError(f"sidecar {str(side)!r}: format_version {meta['format_version']} is newer than this "
-                             f"module's {FORMAT_VERSION}; update npy_datasets.py")  # fmt: skip
+    if not 1 <= (version := meta["format_version"]) <= FORMAT_VERSION:
+        why = f"is newer than this module's {FORMAT_VERSION}; update npy_datasets.py" if version > 1 else "is not a version (1, 2, ...)"
+        raise TokenFileError(f"sidecar {str(side)!r}: format_version {version} {why}")
     return meta
 
 
@@ -207,15 +208,15 @@ class FileLayout(NamedTuple):
 
 def _file_layout(path: Path, dtype: Any, meta: dict[str, Any] | None) -> FileLayout:
     """A file's layout, from its first bytes: the .npy magic (a sidecar that says otherwise is refused later), an
-    llm.c magic and version (256 int32 words: magic, version, count, ...) unless a sidecar says "bin", or else raw
-    ids, their dtype from the sidecar or the argument."""
+    llm.c header (256 int32 words: a date-like magic, version, count, a few more, then zeros) unless a sidecar
+    says "bin", or else raw ids, their dtype from the sidecar or the argument."""
     name, size, raw = repr(str(path)), _file_size(path), meta is not None and meta["layout"] == "bin"
     with open(path, "rb") as f:
-        first = f.read(12)
-    magic, version, count = np.frombuffer(first.ljust(12, b"\0"), dtype="<i4").tolist()
+        first = f.read(LLMC_HEADER_BYTES)
+    magic, version, count = np.frombuffer(first[:12].ljust(12, b"\0"), dtype="<i4").tolist()
     if first[:6] == NPY_MAGIC or (path.suffix == ".npy" and not raw):
         found = FileLayout("npy", *read_npy_header(path))
-    elif not raw and size >= 8 and magic in LLMC_LIKE and 0 < version < 256:  # raw GPT-2 ids rarely spell both
+    elif not raw and size >= 8 and magic in LLMC_LIKE and not first[32:].strip(b"\0"):  # text ids are never all zeros
         if magic not in LLMC_FORMATS:
             raise TokenFileError(f"{name} starts with the llm.c-like magic {magic}, which this loader does not read; "
                                  "known: 20240520 (version 1, uint16) and 20240801 (version 7, uint32)")  # fmt: skip
@@ -276,9 +277,9 @@ def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) 
         tokens = np.memmap(path, dtype=found.dtype, mode="r", offset=found.offset, shape=found.shape)
     except OSError as e:  # a file of /sys or /proc behind a link, a device that cannot be mapped, ...
         raise TokenFileError(f"token file {str(path)!r} cannot be mapped: {e.strerror or e}") from None
-    if vocab_size is not None:
-        top = meta["max_token_id"] if meta is not None else int(tokens.max())  # no sidecar: one scan
-        if top >= _check_int("vocab_size", vocab_size, 1):
+    if vocab_size is not None and _check_int("vocab_size", vocab_size, 1):  # checked before any scan
+        top = meta["max_token_id"] if meta is not None else int(tokens.max())  # the sidecar's word, or one scan
+        if top >= vocab_size:
             raise TokenFileError(f"{str(path)!r}: ids up to {top} may not fit vocab_size={vocab_size}")
     return tokens, meta
 
@@ -429,7 +430,9 @@ class NpyTokensDataset:
         return self.num_samples
 
     def memmap(self, f: int = 0) -> np.memmap:
-        """The read-only memmap of file f (1-D), opened lazily in whichever process uses it first."""
+        """The read-only memmap of file f, flat (1-D) for a 2-D file too, opened lazily in whichever process uses it first."""
+        if not 0 <= operator.index(f) < len(self.files):
+            raise IndexError(f"file {f} is out of range for a dataset of {len(self.files)} files")
         return self._mapped(f)[0]
 
     def _mapped(self, f: int) -> tuple[np.memmap, np.ndarray]:
@@ -577,6 +580,8 @@ class EpochSampler:
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.shuffle, self.drop_last, self.seed = shuffle, drop_last, _check_int("seed", seed, 0)
         self.batch_size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
+        if drop_last and batch_size is None:
+            raise ValueError("drop_last=True needs a batch_size: without one the sampler yields single items")
         if (world_size is None) != (rank is None):
             raise ValueError(f"pass both world_size and rank, or neither; got world_size={world_size}, rank={rank}")
         if world_size is None:
@@ -665,9 +670,10 @@ class EpochSampler:
         if consumed is not None:
             if _check_int("consumed", consumed, 0) and not self._pass:
                 raise ValueError(f"consumed={consumed}, but no pass over this sampler has started")
-            if (items := consumed * step) >= total + step:
-                raise ValueError(f"consumed={consumed}, but the latest pass has only {-(-total // step)} batches; count "
-                                 "the batches of the current pass (enumerate(loader, 1)), not a global step")  # fmt: skip
+            if consumed > (handed := -(-items // step)):  # the loop cannot have received more than was handed out
+                raise ValueError(f"consumed={consumed}, but the latest pass has handed out only {handed} of its {-(-total // step)} "
+                                 "batches; count the batches of the current pass (enumerate(loader, 1)), not a global step")  # fmt: skip
+            items = consumed * step
         position = start + min(items, total) * self.world_size
         if self._pass and (items >= total or position >= self.num_samples):
             epoch, position = epoch + 1, 0
@@ -716,9 +722,12 @@ def make_dataloaders(train: NpyTokensDataset, val: NpyTokensDataset, batch_size:
     """Train (shuffled, drop_last) and validation (in order, every window) DataLoaders of (x, y) batches.
 
     An EpochSampler hands the dataset a whole batch of indices, gathered in one pass (batch_size=None: the
-    dataset makes the batch, and collate_fn=tuple keeps it as it is). No workers by default: for memmapped windows they cost more than they save.
-    Memory is pinned where CUDA is. Each rank of torch.distributed (or world_size and rank) gets its share,
-    every rank the same number of steps, after the ranks checked that they see the same files and settings.
+    dataset makes the batch, and collate_fn=tuple keeps it as it is). No workers by default: for memmapped
+    windows they cost more than they save. Memory is pinned where CUDA is. seed orders the training windows
+    (a dataset's own seed places its random starts). Each rank of torch.distributed (or world_size and rank)
+    gets its share, every rank the same number of steps (validation repeats a few windows for that), once the
+    ranks have checked that they see the same files and settings. A validation dataset of mode="random" or with
+    epoch_offset draws other windows each pass; build it with the defaults for the same windows every time.
     """
     import torch
     from torch.utils.data import DataLoader
@@ -731,11 +740,11 @@ def make_dataloaders(train: NpyTokensDataset, val: NpyTokensDataset, batch_size:
     options: dict[str, Any] = {"batch_size": None, "collate_fn": tuple, "num_workers": workers, "pin_memory": pin}
     if workers:  # DataLoader refuses these without workers
         options.update(persistent_workers=True, prefetch_factor=_check_int("prefetch_factor", prefetch_factor, 1))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():  # first: a sampler may refuse one rank's files
+        verify_across_ranks({"train": train.fingerprint(), "val": val.fingerprint(), "batch_size": batch_size, "seed": seed})
     ranks = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
     train_sampler = EpochSampler(train, shuffle=True, drop_last=True, remainder="drop", **ranks)
     val_sampler = EpochSampler(val, shuffle=False, remainder="pad", **ranks)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        verify_across_ranks({"train": train.fingerprint(), "val": val.fingerprint(), "batch_size": batch_size, "seed": seed})
     return DataLoader(train, sampler=train_sampler, **options), DataLoader(val, sampler=val_sampler, **options)
 
 

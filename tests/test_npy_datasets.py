@@ -500,7 +500,7 @@ def test_swapped_shards_of_one_size_are_refused_on_open(tmp_path):
 
 
 def test_a_raw_bin_whose_first_ids_spell_an_llmc_date_opens_with_its_dtype(tmp_path):
-    tokens = np.array([100, 309, 5, 6, *range(40)], dtype=np.uint16)  # as int32 the first word is 20250724
+    tokens = np.array([100, 309, 13, 0, *range(1, 600)], dtype=np.uint16)  # as int32: 20250724, then version 13
     tokens.tofile(tmp_path / "train.bin")  # nanoGPT's layout (EOT appended): no header, no sidecar
     assert nd.open_tokens(tmp_path / "train.bin", dtype=np.uint16).tolist() == tokens.tolist()
     assert nd.NpyTokensDataset(tmp_path / "train.bin", 8, dtype=np.uint16)[0][0].tolist() == tokens[:8].tolist()
@@ -569,3 +569,27 @@ def test_shards_without_a_settings_fingerprint_are_not_taken_for_one_set(tmp_pat
     b = write_tokens(tmp_path / "b_000000.npy", np.arange(100, dtype=np.uint16), shard={"index": 0, "count": 2})
     nd.NpyTokensDataset([a, b], 8)
     assert not [w for w in recwarn if "shards written together" in str(w.message)]
+
+
+def test_consumed_cannot_exceed_the_batches_handed_out(arange_file):
+    sampler = nd.EpochSampler(nd.NpyTokensDataset(arange_file(200), 8), batch_size=4, shuffle=False)  # 6 batches
+    batches = iter(sampler)
+    [next(batches) for _ in range(3)]
+    assert sampler.state_dict(consumed=3)["position"] == 12
+    with pytest.raises(ValueError, match=r"consumed=4, but the latest pass has handed out only 3 of its 6 batches"):
+        sampler.state_dict(consumed=4)  # a global step after a resume, say: it would skip a batch silently
+
+
+def test_sampler_and_sidecar_arguments_that_would_be_ignored_are_refused(arange_file, tmp_path):
+    with pytest.raises(ValueError, match="drop_last=True needs a batch_size"):
+        nd.EpochSampler(range(10), drop_last=True)
+    path = write_tokens(tmp_path / "old.npy", np.arange(100, dtype=np.uint16), format_version=-5)
+    with pytest.raises(nd.TokenFileError, match=r"format_version -5 is not a version \(1, 2, ...\)"):
+        nd.open_tokens(path)
+    raw = arange_file(100, name="raw.npy", sidecar=False)
+    with pytest.raises(TypeError, match="vocab_size must be an int"):
+        nd.open_tokens(raw, vocab_size=50257.0)
+    ds = nd.NpyTokensDataset(raw, 8)
+    with pytest.raises(IndexError, match="file -1 is out of range for a dataset of 1 files"):
+        ds.memmap(-1)
+    assert ds.memmap(0)[5] == 5

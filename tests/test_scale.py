@@ -400,12 +400,14 @@ def test_torchrun_ranks_cover_the_epoch_disjointly(tmp_path):
     assert sorted(set(plain[0] + plain[1])) == list(range(25)) and len(plain[0]) == len(plain[1]) == 13
 
 
-@pytest.mark.parametrize("mismatch", ["seq_len", "file", "seed"])
+@pytest.mark.parametrize("mismatch", ["seq_len", "file", "seed", "too_small"])
 def test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field(tmp_path, mismatch):
     train = write_tokens(tmp_path / "train.npy", np.arange(205, dtype=np.uint16))
     val = write_tokens(tmp_path / "val.npy", np.arange(60, dtype=np.uint16))
     other = write_tokens(tmp_path / "other.npy", np.arange(300, dtype=np.uint16))
+    tiny = write_tokens(tmp_path / "tiny.npy", np.arange(30, dtype=np.uint16))  # 3 windows: no batch of 5 for a rank
     extra, expected = {
+        "too_small": (["--rank1-train", str(tiny)], "train.files[0].name is 'train.npy' on rank 0, 'tiny.npy' on rank 1"),
         "seq_len": (["--rank1-seq-len", "16"], "train.seq_len is 8 on rank 0, 16 on rank 1"),
         "file": (["--rank1-train", str(other)], "train.files[0].name is 'train.npy' on rank 0, 'other.npy' on rank 1"),
         "seed": (["--rank1-seed", "4"], "seed is 3 on rank 0, 4 on rank 1"),
@@ -558,8 +560,8 @@ def test_a_state_counts_what_the_loop_received_not_what_workers_fetched(arange_f
     next(batches)  # the workers have fetched ahead by now: the sampler handed out more than one batch
     assert loader.sampler.state_dict(consumed=1)["position"] == 4
     assert loader.sampler.state_dict()["position"] > 4
-    with pytest.raises(ValueError, match=r"consumed=7, but the latest pass has only 6 batches; count the batches of "
-                                         r"the current pass \(enumerate\(loader, 1\)\), not a global step"):
+    with pytest.raises(ValueError, match=r"consumed=7, but the latest pass has handed out only \d of its 6 batches; count the "
+                                         r"batches of the current pass \(enumerate\(loader, 1\)\), not a global step"):
         loader.sampler.state_dict(consumed=7)
     del batches
     fresh = nd.EpochSampler(ds, batch_size=4)
