@@ -248,7 +248,8 @@ def open_tokens(path: str | os.PathLike, dtype: Any = None, *, vocab_size: int |
                 verify: bool = False) -> np.memmap:  # fmt: skip
     """Open a token file as a read-only memmap, after checking it and its sidecar. The format comes from the
     first bytes: .npy, an llm.c shard, or else raw ids such as nanoGPT's train.bin (dtype= where no sidecar
-    says it). vocab_size refuses an id at or past it; verify=True also checks the sha256 (a whole read)."""
+    says it). vocab_size refuses an id at or past it: the sidecar's max_token_id, or without a sidecar one scan.
+    verify=True also checks the file's sha256 against the sidecar's (a whole read)."""
     return _open_checked(Path(path), dtype, vocab_size, verify)[0]
 
 
