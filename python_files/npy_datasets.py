@@ -60,7 +60,7 @@ LLMC_HEADER_BYTES = 256 * 4  # llm.c shards: 256 int32 words (magic, version, to
 LLMC_FORMATS = {20240520: (1, np.dtype("<u2")), 20240801: (7, np.dtype("<u4"))}  # magic: (version, dtype)
 LLMC_LIKE = range(20240000, 20300000)  # a date as first word: an llm.c file, perhaps one we cannot read
 PROBE_BYTES = 1 << 16  # a sidecar's probe_sha256 hashes a file's first and last 64 KiB: cheap on every open
-MAX_OPEN_FILES = 64  # token files one process keeps mapped (a map holds a file descriptor); LRU beyond
+MAX_OPEN_FILES = 1024  # files one process keeps mapped (each holds a descriptor); LRU beyond, so keep it above the shards
 
 
 class TokenFileError(ValueError):
@@ -160,8 +160,8 @@ def read_npy_header(path: str | os.PathLike) -> tuple[np.dtype, tuple[int, ...],
     if not (isinstance(shape, tuple) and len(shape) in (1, 2) and all(type(d) is int and d >= 0 for d in shape)):
         raise TokenFileError(f"{name}: expected a 1-D or 2-D token array, got shape {shape!r}")
     if (expected := offset + dtype.itemsize * int(np.prod(shape, dtype=object))) != size:
-        problem = "truncated" if expected > size else "has trailing bytes"
-        raise TokenFileError(f"{name} is {problem}: shape {shape} of {dtype.name} needs {expected} bytes, file has {size}")
+        problem = "is truncated" if expected > size else "has trailing bytes"
+        raise TokenFileError(f"{name} {problem}: shape {shape} of {dtype.name} needs {expected} bytes, file has {size}")
     if 0 in shape:
         raise TokenFileError(f"{name} holds no tokens (shape {shape})")
     return dtype, shape, offset
@@ -192,7 +192,7 @@ def read_sidecar(path: str | os.PathLike) -> dict[str, Any] | None:
         if not isinstance(meta.get(key), typ) or isinstance(meta.get(key), bool):
             raise TokenFileError(f"sidecar {str(side)!r}: field {key!r} should be {typ.__name__}, found {meta.get(key)!r}")
     if not 1 <= (version := meta["format_version"]) <= FORMAT_VERSION:
-        why = f"is newer than this module's {FORMAT_VERSION}; update npy_datasets.py" if version > 1 else "is not a version (1, 2, ...)"
+        why = f"is newer than this module's {FORMAT_VERSION}; update npy_datasets.py" if version > FORMAT_VERSION else "is not a version (1, 2, ...)"
         raise TokenFileError(f"sidecar {str(side)!r}: format_version {version} {why}")
     return meta
 
@@ -498,6 +498,8 @@ class NpyTokensDataset:
             if len(indices := index.astype(np.int64, copy=False)) and 0 <= indices.min() and indices.max() < n:
                 return int(epoch), indices, batch  # EpochSampler's batches: nothing to check further
         elif isinstance(index, list) and index and not epoch and isinstance(index[0], tuple):  # (epoch, index) pairs
+            if bare := [k for k in index if not isinstance(k, tuple)]:
+                raise TypeError(f"a list of (epoch, index) pairs holds pairs only, got {bare[0]!r:.80} among them")
             keys = [self._keys(k) for k in index]
             if nested := [pair for pair, key in zip(index, keys) if key[2]]:
                 raise TypeError(f"each (epoch, index) pair in a list holds one int index, got {nested[0]!r:.80}")
@@ -610,6 +612,7 @@ class EpochSampler:
         self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
         self._pass: tuple[int, int, int] | None = None  # the latest pass: epoch, start, items it hands out
         self._handed = 0  # items the latest pass has handed out so far
+        self._loaded: tuple[int, int] | None = None  # (epoch, position) of a loaded state no pass has used yet
 
     @property
     def dropped(self) -> int:
@@ -623,11 +626,14 @@ class EpochSampler:
         return -self.num_samples % self.world_size if self.remainder == "pad" else 0
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass is epoch `epoch`, from its start, or from where load_state_dict() left it in that epoch:
-        a loop that calls set_epoch(e) before each epoch, as DistributedSampler wants, resumes exactly."""
-        if _check_int("epoch", epoch, 0) != self.epoch or self._pass is not None:
-            self._start = 0
-        self.epoch, self._pass = epoch, None
+        """The next pass is epoch `epoch`, from its start. Right after load_state_dict(), only the loaded epoch is
+        allowed, and it keeps the loaded position: a loop that calls set_epoch(e) before each epoch, as
+        DistributedSampler wants, resumes exactly, and one that would replay or skip an epoch is stopped."""
+        if self._loaded is not None and _check_int("epoch", epoch, 0) != self._loaded[0]:
+            raise ValueError(f"set_epoch({epoch}) right after load_state_dict(), whose state continues epoch {self._loaded[0]} at "
+                             f"position {self._loaded[1]}: that would {'replay' if epoch < self._loaded[0] else 'skip'} data; "
+                             "call set_epoch(sampler.epoch), or start the loop's epoch count there")  # fmt: skip
+        self.epoch, self._start, self._pass = _check_int("epoch", epoch, 0), self._start if self._loaded else 0, None
 
     def _items(self, start: int, whole: bool = True) -> int:
         """Items this rank gets from position `start` of an epoch's order (whole batches with drop_last)."""
@@ -654,7 +660,7 @@ class EpochSampler:
         epoch, start = self.epoch, self._start
         self.epoch, self._start = epoch + 1, 0
         mine = self.order(epoch, start)[: self._items(start)]
-        self._pass, self._handed = (epoch, start, len(mine)), 0
+        self._pass, self._handed, self._loaded = (epoch, start, len(mine)), 0, None
         step = self.batch_size or 1
         for lo in range(0, len(mine), step):
             self._handed = min(lo + step, len(mine))
@@ -663,9 +669,10 @@ class EpochSampler:
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """Where the next item comes from: an epoch and a position in its order (JSON-ready).
 
-        consumed: the batches (items, without batch_size) of the latest pass that the training loop has
-        received: `step` in `for step, batch in enumerate(loader, 1)`. Left out: what the sampler handed
-        out, which is the same without DataLoader workers; workers fetch ahead, so with them pass it."""
+        consumed: the batches (items, without batch_size) of the latest pass the training loop has trained on:
+        `step` in `for step, batch in enumerate(loader, 1)` once that step is done (micro-batches, with gradient
+        accumulation). Left out: what the sampler handed out, the same without DataLoader workers; workers
+        fetch ahead, so with them pass it. numpy draws the orders: pin it for exact resumes across upgrades."""
         epoch, start, total = self._pass or (self.epoch, self._start, 0)
         items, step = self._handed if self._pass else 0, self.batch_size or 1
         if consumed is not None:
@@ -696,7 +703,7 @@ class EpochSampler:
             raise ValueError(f"EpochSampler state: epoch must be an int >= 0, got {epoch!r}")
         if type(position) is not int or not 0 <= position < self.num_samples:
             raise ValueError(f"EpochSampler state: position must be an int in [0, {self.num_samples}), got {position!r}")
-        self.epoch, self._start, self._pass = epoch, position, None
+        self.epoch, self._start, self._pass, self._loaded = epoch, position, None, (epoch, position)
 
 
 def _first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:

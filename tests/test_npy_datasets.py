@@ -593,3 +593,49 @@ def test_sampler_and_sidecar_arguments_that_would_be_ignored_are_refused(arange_
     with pytest.raises(IndexError, match="file -1 is out of range for a dataset of 1 files"):
         ds.memmap(-1)
     assert ds.memmap(0)[5] == 5
+
+
+def test_set_epoch_right_after_a_resume_must_name_the_loaded_epoch(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 49 windows, 13 batches of 4
+    first = nd.EpochSampler(ds, batch_size=4, seed=3)
+    list(first)
+    state = first.state_dict(consumed=13)  # saved on epoch 0's last step: the state points at epoch 1, position 0
+    resumed = nd.EpochSampler(ds, batch_size=4, seed=3)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"set_epoch\(0\) right after load_state_dict\(\), whose state continues epoch 1 at "
+                                         r"position 0: that would replay data"):
+        resumed.set_epoch(0)  # a loop that kept its own epoch count, one behind
+    with pytest.raises(ValueError, match="that would skip data"):
+        resumed.set_epoch(2)
+    resumed.set_epoch(resumed.epoch)
+    assert [e for e, _ in resumed] == [1] * 13
+    resumed.set_epoch(0)  # a pass has run since: any epoch may be chosen again
+
+
+def test_a_list_of_pairs_holds_pairs_only(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8)
+    with pytest.raises(TypeError, match=r"a list of \(epoch, index\) pairs holds pairs only, got 5 among them"):
+        ds[[(0, 1), 5]]
+
+
+def test_a_npy_with_trailing_bytes_says_so_in_plain_words(tmp_path):
+    path = tmp_path / "tail.npy"
+    np.save(path, np.arange(6, dtype=np.uint16))
+    path.write_bytes(path.read_bytes() + b"\0" * 4)
+    with pytest.raises(nd.TokenFileError, match=r"tail.npy' has trailing bytes: shape \(6,\) of uint16 needs 140 bytes, file has 144"):
+        nd.read_npy_header(path)
+
+
+def test_two_hundred_shards_stay_mapped_under_an_ordinary_open_file_limit(tmp_path):
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard open-file limit is {hard}, below a common 1024")
+    paths = [write_tokens(tmp_path / f"s_{i:06d}.npy", np.arange(20, dtype=np.uint16)) for i in range(200)]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # a common default: room for 200 maps
+    try:
+        ds = nd.NpyTokensDataset(paths, 8)
+        ds[0, np.arange(len(ds))]  # a batch from every shard: closing maps would reopen them batch after batch
+        assert len(ds._maps) == 200
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
