@@ -11,6 +11,7 @@ repeat, so that a busy moment of the machine falls on all of them; each result i
     python benchmarks/bench_loader.py            # about 5 minutes on 2 cores
     python benchmarks/bench_loader.py --quick    # under a minute, a 10M-token file
     python benchmarks/bench_loader.py --gpu      # also the two ways to move a batch to a CUDA device
+    python benchmarks/bench_loader.py --shards   # also 200 shuffled shards, MAX_OPEN_FILES 64 against the default
 """
 
 from __future__ import annotations
@@ -146,10 +147,31 @@ def gpu_transfer(B: int, T: int, iters: int = 200) -> None:
         print(f"  ({B}, {T}) {name}: {(time.perf_counter() - start) / iters * 1e6:.1f} us/batch")
 
 
+def shard_cap(repeats: int, seconds: float) -> None:
+    """Per batch of 32 x 1024 from 50 or 200 shuffled 100k-token shards (no DataLoader): MAX_OPEN_FILES at 64
+    against the default. Below the shard count, maps are closed and reopened batch after batch."""
+    paths = [ROOT / "data" / "bench" / "shards" / f"shard_{i:06d}.npy" for i in range(200)]
+    for i, path in enumerate(paths):
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.save(path, np.random.default_rng(i).integers(0, 50257, 100_000, dtype=np.uint16))
+    default, times = nd.MAX_OPEN_FILES, {}
+    for _ in range(repeats):
+        for n in (50, 200):
+            for cap in (64, default):
+                nd.MAX_OPEN_FILES, ds = cap, nd.NpyTokensDataset(paths[:n], 1024)
+                sampler = nd.EpochSampler(ds, batch_size=32, drop_last=True)
+                times.setdefault((n, cap), []).append(per_batch(endless(lambda: sampler, ds.__getitem__), 32, 1024, seconds))
+    nd.MAX_OPEN_FILES = default
+    for (n, cap), t in times.items():
+        print(f"  {n} shards, MAX_OPEN_FILES={cap}: {statistics.median(t):.1f} us/batch")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a 10M-token file and short time boxes")
     parser.add_argument("--gpu", action="store_true", help="also time the two host-to-device copies")
+    parser.add_argument("--shards", action="store_true", help="also time 200 shuffled shards, MAX_OPEN_FILES 64 vs default")
     parser.add_argument("--repeats", type=int, default=None, help="turns per entry (default 5, quick 2)")
     args = parser.parse_args()
     path = token_file(10_000_000 if args.quick else 100_000_000)
@@ -172,6 +194,9 @@ def main() -> None:
             spread = [o / n for o, n in zip(times["old make_dataloaders w0"], times["new make_dataloaders w0"])]
             print(f"  new / old speed, recommended path (make_dataloaders, 0 workers): {ratio:.2f}x "
                   f"(turn by turn {min(spread):.2f}x to {max(spread):.2f}x)\n")  # fmt: skip
+    if args.shards:
+        print("Shards (batches of 32 x 1024, shuffled, no DataLoader):")
+        shard_cap(repeats, seconds)
     if args.gpu:
         if not torch.cuda.is_available():
             print("--gpu: no CUDA device on this machine")
