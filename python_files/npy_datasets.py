@@ -357,12 +357,12 @@ def _keyed_hash(seed: int, stream: int, epochs: int | np.ndarray, indices: np.nd
         return x
 
     key = mix(np.array([(seed * 4 + stream) % 2**64], dtype=np.uint64))
-    return mix(mix(key + np.asarray(epochs).astype(np.uint64)) + indices.astype(np.uint64))
+    return mix(mix(key + np.asarray(epochs).astype(np.uint64)) + indices.astype(np.uint64))  # a hash, not a proof
 
 
 def _open_file_budget(mapped: int) -> int:
     """Files to keep mapped: at most MAX_OPEN_FILES, a quarter of the open-file limit, and the `mapped`
-    ones plus half the descriptors still free (a CUDA build of torch holds many)."""
+    ones plus half the descriptors still free, the other half left to the program (CUDA torch holds many)."""
     try:
         import resource  # Unix only
 
@@ -522,7 +522,9 @@ class NpyTokensDataset:
     def __getitems__(self, indices: Sequence[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A batch's B samples, gathered in one pass (torch's DataLoader calls this for a batch of indices)."""
         pair = isinstance(indices, tuple) and len(indices) == 2 and isinstance(indices[1], (list, np.ndarray))
-        epochs, keys, _ = self._keys(indices if pair else list(indices))  # pair: EpochSampler as a batch_sampler
+        # DataLoader calls this only when it batches indices itself: a list from torch's BatchSampler, or (epoch,
+        # indices) from DataLoader(ds, batch_sampler=EpochSampler(ds, batch_size=B)); make_dataloaders uses ds[...].
+        epochs, keys, _ = self._keys(indices if pair else list(indices))
         return list(zip(*self._gather(epochs, keys)))
 
     def locate(self, epochs: int | np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -551,7 +553,7 @@ class NpyTokensDataset:
         else:
             compact = np.empty((len(firsts), self.seq_len + 1), dtype=self.dtype)
             order = np.argsort(files, kind="stable")  # file by file: one map in use at a time, however many files
-            for group in np.split(order, np.flatnonzero(np.diff(files[order])) + 1)[: len(order)]:
+            for group in np.split(order, np.flatnonzero(np.diff(files[order])) + 1)[: len(order)]:  # none when empty
                 compact[group] = self._mapped(int(files[group[0]]))[1][firsts[group]]
         pair = np.empty((2, len(compact), self.seq_len), dtype=np.int64)
         pair[0], pair[1] = compact[:, :-1], compact[:, 1:]  # numpy widens unsigned ids directly
