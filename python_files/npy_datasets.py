@@ -192,7 +192,7 @@ def read_sidecar(path: str | os.PathLike) -> dict[str, Any] | None:
         if not isinstance(meta.get(key), typ) or isinstance(meta.get(key), bool):
             raise TokenFileError(f"sidecar {str(side)!r}: field {key!r} should be {typ.__name__}, found {meta.get(key)!r}")
     if not 1 <= (version := meta["format_version"]) <= FORMAT_VERSION:
-        why = f"is newer than this module's {FORMAT_VERSION}; update npy_datasets.py" if version > FORMAT_VERSION else "is not a version (1, 2, ...)"
+        why = "is not a version (1, 2, ...)" if version < 1 else f"is newer than this module's {FORMAT_VERSION}; update npy_datasets.py"
         raise TokenFileError(f"sidecar {str(side)!r}: format_version {version} {why}")
     return meta
 
@@ -456,9 +456,10 @@ class NpyTokensDataset:
                     tokens = np.memmap(file.path, dtype=self.dtype, mode="r", offset=file.offset, shape=(file.rows * file.row_len,))
                     break
                 except OSError as e:
-                    if retry or e.errno not in (errno.EMFILE, errno.ENFILE) or not self._maps:
-                        limit = "; raise the open-file limit (ulimit -n)" if e.errno in (errno.EMFILE, errno.ENFILE) else ""
-                        raise TokenFileError(f"{file.path!r} cannot be mapped ({e.strerror}){limit}") from None
+                    out = e.errno in (errno.EMFILE, errno.ENFILE)
+                    if retry or not out or not self._maps:
+                        hint = "; raise the open-file limit (ulimit -n)" if out else ""
+                        raise TokenFileError(f"{file.path!r} cannot be mapped ({e.strerror}){hint}") from None
                     del self._maps[next(iter(self._maps))]
             flat, step = np.asarray(tokens), tokens.strides[0]  # asarray: a plain ndarray, without memmap's hooks
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)  # rows overlap, one token apart: no copy
@@ -494,15 +495,13 @@ class NpyTokensDataset:
         batch = isinstance(index, (list, np.ndarray))
         if isinstance(index, np.ndarray) and (index.ndim != 1 or index.dtype.kind not in "iu"):
             raise TypeError(f"an index array must be 1-D of integers, got {index.dtype} of shape {index.shape}")
-        if isinstance(index, np.ndarray) and index.ndim == 1 and index.dtype.kind in "iu" and index.dtype != np.uint64:
+        if isinstance(index, np.ndarray) and index.dtype != np.uint64:  # uint64: checked one by one below, exactly
             if len(indices := index.astype(np.int64, copy=False)) and 0 <= indices.min() and indices.max() < n:
                 return int(epoch), indices, batch  # EpochSampler's batches: nothing to check further
         elif isinstance(index, list) and index and not epoch and isinstance(index[0], tuple):  # (epoch, index) pairs
-            if bare := [k for k in index if not isinstance(k, tuple)]:
-                raise TypeError(f"a list of (epoch, index) pairs holds pairs only, got {bare[0]!r:.80} among them")
             keys = [self._keys(k) for k in index]
-            if nested := [pair for pair, key in zip(index, keys) if key[2]]:
-                raise TypeError(f"each (epoch, index) pair in a list holds one int index, got {nested[0]!r:.80}")
+            if bad := [k for k, key in zip(index, keys) if not isinstance(k, tuple) or key[2]]:
+                raise TypeError(f"a list of (epoch, index) pairs holds (epoch, int) pairs only, got {bad[0]!r:.80}")
             return np.array([k[0] for k in keys], dtype=np.int64), np.concatenate([k[1] for k in keys]), True
         else:
             for k in index if batch else [index]:  # bool is an int to Python, never an index here
@@ -614,7 +613,7 @@ class EpochSampler:
         self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
         self._pass: tuple[int, int, int] | None = None  # the latest pass: epoch, start, items it hands out
         self._handed = 0  # items the latest pass has handed out so far
-        self._loaded: tuple[int, int] | None = None  # (epoch, position) of a loaded state no pass has used yet
+        self._resuming = False  # a loaded state (self.epoch, self._start) that no pass has used yet
 
     @property
     def dropped(self) -> int:
@@ -631,11 +630,11 @@ class EpochSampler:
         """The next pass is epoch `epoch`, from its start. Right after load_state_dict(), only the loaded epoch is
         allowed, and it keeps the loaded position: a loop that calls set_epoch(e) before each epoch, as
         DistributedSampler wants, resumes exactly, and one that would replay or skip an epoch is stopped."""
-        if self._loaded is not None and _check_int("epoch", epoch, 0) != self._loaded[0]:
-            raise ValueError(f"set_epoch({epoch}) right after load_state_dict(), whose state continues epoch {self._loaded[0]} at "
-                             f"position {self._loaded[1]}: that would {'replay' if epoch < self._loaded[0] else 'skip'} data; "
+        if self._resuming and _check_int("epoch", epoch, 0) != self.epoch:
+            raise ValueError(f"set_epoch({epoch}) right after load_state_dict(), whose state continues epoch {self.epoch} at "
+                             f"position {self._start}: that would {'replay' if epoch < self.epoch else 'skip'} data; "
                              "call set_epoch(sampler.epoch), or start the loop's epoch count there")  # fmt: skip
-        self.epoch, self._start, self._pass = _check_int("epoch", epoch, 0), self._start if self._loaded else 0, None
+        self.epoch, self._start, self._pass = _check_int("epoch", epoch, 0), self._start if self._resuming else 0, None
 
     def _items(self, start: int, whole: bool = True) -> int:
         """Items this rank gets from position `start` of an epoch's order (whole batches with drop_last)."""
@@ -662,7 +661,7 @@ class EpochSampler:
         epoch, start = self.epoch, self._start
         self.epoch, self._start = epoch + 1, 0
         mine = self.order(epoch, start)[: self._items(start)]
-        self._pass, self._handed, self._loaded = (epoch, start, len(mine)), 0, None
+        self._pass, self._handed, self._resuming = (epoch, start, len(mine)), 0, False
         step = self.batch_size or 1
         for lo in range(0, len(mine), step):
             self._handed = min(lo + step, len(mine))
@@ -705,7 +704,7 @@ class EpochSampler:
             raise ValueError(f"EpochSampler state: epoch must be an int >= 0, got {epoch!r}")
         if type(position) is not int or not 0 <= position < self.num_samples:
             raise ValueError(f"EpochSampler state: position must be an int in [0, {self.num_samples}), got {position!r}")
-        self.epoch, self._start, self._pass, self._loaded = epoch, position, None, (epoch, position)
+        self.epoch, self._start, self._pass, self._resuming = epoch, position, None, True
 
 
 def _first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:

@@ -506,14 +506,15 @@ def test_a_raw_bin_whose_first_ids_spell_an_llmc_date_opens_with_its_dtype(tmp_p
     assert nd.NpyTokensDataset(tmp_path / "train.bin", 8, dtype=np.uint16)[0][0].tolist() == tokens[:8].tolist()
 
 
-def test_index_arrays_must_be_1d_integers_and_pairs_hold_one_index(arange_file):
+def test_index_arrays_must_be_1d_integers_and_a_list_of_pairs_holds_epoch_int_pairs(arange_file):
     ds = nd.NpyTokensDataset(arange_file(400), 8)
     for bad in (np.array([1.0, 2.0]), np.zeros((2, 2), dtype=np.int64), np.array(3)):
         with pytest.raises(TypeError, match="an index array must be 1-D of integers"):
             ds[bad]
     assert torch.equal(ds[np.array([1, 2], dtype=np.uint64)][0], ds[[1, 2]][0])
-    with pytest.raises(TypeError, match=r"each \(epoch, index\) pair in a list holds one int index, got \(0, \[1, 2\]\)"):
-        ds[[(0, 1), (0, [1, 2])]]
+    for pairs, bad in (([(0, 1), (0, [1, 2])], r"\(0, \[1, 2\]\)"), ([(0, 1), 5], "5")):
+        with pytest.raises(TypeError, match=rf"a list of \(epoch, index\) pairs holds \(epoch, int\) pairs only, got {bad}$"):
+            ds[pairs]
 
 
 def test_getitems_reads_a_tuple_of_ints_as_indices_and_takes_an_epoch_sampler_as_batch_sampler(arange_file):
@@ -527,20 +528,28 @@ def test_getitems_reads_a_tuple_of_ints_as_indices_and_takes_an_epoch_sampler_as
     assert len(got) == len(expected) and not all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
-def test_set_epoch_before_each_epoch_keeps_a_resumed_position_and_len_counts_the_resumed_pass(arange_file):
-    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 49 windows
+def test_set_epoch_after_a_resume_keeps_the_loaded_position_and_refuses_another_epoch(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 49 windows, 13 batches of 4
     first = nd.EpochSampler(ds, batch_size=4, seed=3)
     full = [i.tolist() for _, i in first]
-    state = first.state_dict(consumed=5)  # epoch 0 was cut after 5 of its 13 batches
     resumed = nd.EpochSampler(ds, batch_size=4, seed=3)
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(first.state_dict(consumed=5))  # epoch 0 was cut after 5 of its 13 batches
     assert len(resumed) == 8
     resumed.set_epoch(0)  # what a DistributedSampler-style loop does at the top of the epoch
     rest = [i.tolist() for _, i in resumed]
-    assert rest == full[5:] and len(rest) == 8
-    assert len(resumed) == 13
+    assert rest == full[5:] and len(rest) == 8 and len(resumed) == 13
     resumed.set_epoch(0)  # a pass has run since: set_epoch(0) is epoch 0 from its start
     assert [i.tolist() for _, i in resumed] == full
+    again = nd.EpochSampler(ds, batch_size=4, seed=3)
+    again.load_state_dict(resumed.state_dict(consumed=13))  # saved on epoch 0's last step: epoch 1, position 0
+    with pytest.raises(ValueError, match=r"set_epoch\(0\) right after load_state_dict\(\), whose state continues epoch 1 at "
+                                         r"position 0: that would replay data"):
+        again.set_epoch(0)  # a loop that kept its own epoch count, one behind
+    with pytest.raises(ValueError, match="that would skip data"):
+        again.set_epoch(2)
+    again.set_epoch(again.epoch)
+    assert [e for e, _ in again] == [1] * 13
+    again.set_epoch(0)  # a pass has run since: any epoch may be chosen again
 
 
 def test_a_map_failure_says_open_file_limit_only_when_descriptors_ran_out(arange_file, monkeypatch):
@@ -593,29 +602,6 @@ def test_sampler_and_sidecar_arguments_that_would_be_ignored_are_refused(arange_
     with pytest.raises(IndexError, match="file -1 is out of range for a dataset of 1 files"):
         ds.memmap(-1)
     assert ds.memmap(0)[5] == 5
-
-
-def test_set_epoch_right_after_a_resume_must_name_the_loaded_epoch(arange_file):
-    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 49 windows, 13 batches of 4
-    first = nd.EpochSampler(ds, batch_size=4, seed=3)
-    list(first)
-    state = first.state_dict(consumed=13)  # saved on epoch 0's last step: the state points at epoch 1, position 0
-    resumed = nd.EpochSampler(ds, batch_size=4, seed=3)
-    resumed.load_state_dict(state)
-    with pytest.raises(ValueError, match=r"set_epoch\(0\) right after load_state_dict\(\), whose state continues epoch 1 at "
-                                         r"position 0: that would replay data"):
-        resumed.set_epoch(0)  # a loop that kept its own epoch count, one behind
-    with pytest.raises(ValueError, match="that would skip data"):
-        resumed.set_epoch(2)
-    resumed.set_epoch(resumed.epoch)
-    assert [e for e, _ in resumed] == [1] * 13
-    resumed.set_epoch(0)  # a pass has run since: any epoch may be chosen again
-
-
-def test_a_list_of_pairs_holds_pairs_only(arange_file):
-    ds = nd.NpyTokensDataset(arange_file(400), 8)
-    with pytest.raises(TypeError, match=r"a list of \(epoch, index\) pairs holds pairs only, got 5 among them"):
-        ds[[(0, 1), 5]]
 
 
 def test_a_npy_with_trailing_bytes_says_so_in_plain_words(tmp_path):
