@@ -250,12 +250,7 @@ def open_tokens(path: str | os.PathLike, dtype: Any = None, *, vocab_size: int |
     first bytes: .npy, an llm.c shard, or else raw ids such as nanoGPT's train.bin (dtype= where no sidecar
     says it). vocab_size refuses an id at or past it: the sidecar's max_token_id, or without a sidecar one scan.
     verify=True also checks the file's sha256 against the sidecar's (a whole read)."""
-    return _open_checked(Path(path), dtype, vocab_size, verify)[0]
-
-
-def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) -> tuple[np.memmap, dict | None]:
-    """open_tokens, also returning the sidecar it checked the file against (None without one)."""
-    _file_size(path)  # a missing, empty or irregular file is refused before its sidecar is read
+    _file_size(path := Path(path))  # a missing, empty or irregular file is refused before its sidecar is read
     meta = read_sidecar(path)
     found, side = _file_layout(path, dtype, meta), str(sidecar_path(path))
     if meta is None and verify:
@@ -282,7 +277,7 @@ def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) 
         top = meta["max_token_id"] if meta is not None else int(tokens.max())  # the sidecar's word, or one scan
         if top >= vocab_size:
             raise TokenFileError(f"{str(path)!r}: ids up to {top} may not fit vocab_size={vocab_size}")
-    return tokens, meta
+    return tokens
 
 
 # ---- 2. The dataset: windows, and one batched gather -------------------------------------------
@@ -360,17 +355,15 @@ def _keyed_hash(seed: int, stream: int, epochs: int | np.ndarray, indices: np.nd
     return mix(mix(key + np.asarray(epochs).astype(np.uint64)) + indices.astype(np.uint64))  # a hash, not a proof
 
 
-def _open_file_budget(mapped: int) -> int:
-    """Files to keep mapped: at most MAX_OPEN_FILES, a quarter of the open-file limit, and the `mapped`
-    ones plus half the descriptors still free, the other half left to the program (CUDA torch holds many)."""
+def _open_file_budget() -> int:
+    """Files to keep mapped: MAX_OPEN_FILES, or a quarter of the open-file limit if that is less (the rest is
+    the program's: CUDA torch holds many). Should mapping still run out, _mapped closes a map and retries."""
     try:
         import resource  # Unix only
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        free = soft - len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
-    except (ImportError, OSError):
+    except ImportError:
         return MAX_OPEN_FILES
-    return MAX_OPEN_FILES if soft == resource.RLIM_INFINITY else max(1, min(MAX_OPEN_FILES, soft // 4, mapped + free // 2))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return MAX_OPEN_FILES if soft == resource.RLIM_INFINITY else max(1, min(MAX_OPEN_FILES, soft // 4))
 
 
 class NpyTokensDataset:
@@ -396,7 +389,7 @@ class NpyTokensDataset:
         self.mode, self.epoch_offset, self.paths, self.files = mode, epoch_offset, _expand_paths(path), []
         metas: list[dict[str, Any] | None] = []
         for p in self.paths:  # check every file now: a bad shard fails here, not mid-run
-            tokens, meta = _open_checked(Path(p), dtype, vocab_size, verify)
+            tokens, meta = open_tokens(p, dtype, vocab_size=vocab_size, verify=verify), read_sidecar(p)
             if self.files and tokens.dtype.name != self.dtype:
                 raise TokenFileError(f"{p!r} holds {tokens.dtype.name} but {self.paths[0]!r} holds {self.dtype}; "
                                      "the files of one dataset need one dtype")  # fmt: skip
@@ -449,7 +442,7 @@ class NpyTokensDataset:
             raise TokenFileError(f"{file.path!r} changed since the dataset was opened (size, inode or mtime differ, "
                                  "or it was removed); build a new dataset after the prep step finishes")  # fmt: skip
         if (mapped := self._maps.pop(f, None)) is None:  # re-inserted below: the newest map is the dict's last
-            while len(self._maps) >= _open_file_budget(len(self._maps)):
+            while len(self._maps) >= _open_file_budget():
                 del self._maps[next(iter(self._maps))]  # the least recently used map and its descriptor go
             for retry in (False, True):  # out of descriptors: close the oldest map and try once more
                 try:
@@ -477,8 +470,8 @@ class NpyTokensDataset:
         """What decides the windows (each file's name, size, dtype, shape, sidecar sha256; the settings)."""
         files = [{"name": Path(f.path).name, "bytes": f.identity[2], "dtype": self.dtype,
                   "shape": [f.rows, f.row_len], "sha256": f.sha256} for f in self.files]  # fmt: skip
-        return {"files": files, "seq_len": self.seq_len, "mode": self.mode, "num_samples": self.num_samples,
-                "seed": self.seed, "epoch_offset": self.epoch_offset}  # fmt: skip
+        return {"files": files, "seq_len": self.seq_len, "mode": self.mode, "epoch_offset": self.epoch_offset,
+                "seed": self.seed, "num_samples": self.num_samples}  # fmt: skip
 
     def _keys(self, index: Any) -> tuple[int | np.ndarray, np.ndarray, bool]:
         """(epochs, indices, is a batch) of a request, checked: epochs one int for all or one per index;
@@ -562,7 +555,6 @@ class NpyTokensDataset:
 # ---- 3. The sampler: epochs, ranks and resume state --------------------------------------------
 
 SAMPLER_STATE_FORMAT = "npy_datasets.EpochSampler"
-CAUSES_FIRST = ("files", "name", "bytes", "dtype", "shape", "seq_len", "mode", "epoch_offset", "seed")  # report order
 
 
 class EpochSampler:
@@ -686,8 +678,8 @@ class EpochSampler:
         position = start + min(items, total) * self.world_size
         if self._pass and (items >= total or position >= self.num_samples):
             epoch, position = epoch + 1, 0
-        return {"format": SAMPLER_STATE_FORMAT, "version": 1, "epoch": epoch, "position": position,
-                "num_samples": self.num_samples, "shuffle": self.shuffle, "seed": self.seed, "dataset": self._fingerprint}  # fmt: skip
+        return {"format": SAMPLER_STATE_FORMAT, "version": 1, "seed": self.seed, "shuffle": self.shuffle,
+                "dataset": self._fingerprint, "num_samples": self.num_samples, "epoch": epoch, "position": position}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state_dict(): the next pass starts exactly where that one stopped. The state must
@@ -708,10 +700,10 @@ class EpochSampler:
 
 
 def _first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
-    """Where two JSON-like values first differ, as (path, a's value, b's value): keys in CAUSES_FIRST order,
-    so a file's name comes before its size and a setting before num_samples, which follows from it."""
+    """Where two JSON-like values first differ, as (path, a's value, b's value), keys in b's order: causes come
+    first there (a file's name before its size, seq_len before num_samples, which follows from it)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b), key=lambda k: (CAUSES_FIRST.index(k) if k in CAUSES_FIRST else 99, str(k))):
+        for key in [*b, *(k for k in a if k not in b)]:
             if found := _first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else str(key)):
                 return found
         return None
@@ -764,7 +756,7 @@ def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     import torch.distributed as dist
 
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    mine = torch.frombuffer(bytearray(json.dumps(settings, sort_keys=True).encode()), dtype=torch.uint8).to(device)
+    mine = torch.frombuffer(bytearray(json.dumps(settings).encode()), dtype=torch.uint8).to(device)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
     dist.all_gather(sizes, torch.tensor([len(mine)], device=device), group=group)
     bufs = [torch.zeros(int(max(sizes).item()), dtype=torch.uint8, device=device) for _ in sizes]
