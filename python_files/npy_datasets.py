@@ -355,15 +355,17 @@ def _keyed_hash(seed: int, stream: int, epochs: int | np.ndarray, indices: np.nd
     return mix(mix(key + np.asarray(epochs).astype(np.uint64)) + indices.astype(np.uint64))  # a hash, not a proof
 
 
-def _open_file_budget() -> int:
-    """Files to keep mapped: MAX_OPEN_FILES, or a quarter of the open-file limit if that is less (the rest is
-    the program's: CUDA torch holds many). Should mapping still run out, _mapped closes a map and retries."""
+def _open_file_budget(mapped: int) -> int:
+    """Files to keep mapped: at most MAX_OPEN_FILES, a quarter of the open-file limit, and the `mapped`
+    ones plus half the descriptors still free, the other half left to the program (CUDA torch holds many)."""
     try:
         import resource  # Unix only
-    except ImportError:
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        free = soft - len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
+    except (ImportError, OSError):
         return MAX_OPEN_FILES
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return MAX_OPEN_FILES if soft == resource.RLIM_INFINITY else max(1, min(MAX_OPEN_FILES, soft // 4))
+    return MAX_OPEN_FILES if soft == resource.RLIM_INFINITY else max(1, min(MAX_OPEN_FILES, soft // 4, mapped + free // 2))
 
 
 class NpyTokensDataset:
@@ -442,7 +444,7 @@ class NpyTokensDataset:
             raise TokenFileError(f"{file.path!r} changed since the dataset was opened (size, inode or mtime differ, "
                                  "or it was removed); build a new dataset after the prep step finishes")  # fmt: skip
         if (mapped := self._maps.pop(f, None)) is None:  # re-inserted below: the newest map is the dict's last
-            while len(self._maps) >= _open_file_budget():
+            while len(self._maps) >= _open_file_budget(len(self._maps)):
                 del self._maps[next(iter(self._maps))]  # the least recently used map and its descriptor go
             for retry in (False, True):  # out of descriptors: close the oldest map and try once more
                 try:

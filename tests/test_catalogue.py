@@ -1011,7 +1011,7 @@ for x, _ in train:
 workers = DataLoader(ds, sampler=nd.EpochSampler(ds, batch_size=32), batch_size=None, num_workers=2)
 in_workers = [v for x, _ in workers for v in x[:, 0].tolist()]
 print(json.dumps({"windows": len(ds), "seen": seen, "workers": in_workers, "most_mapped": most,
-                  "budget": nd._open_file_budget()}))
+                  "budget": nd._open_file_budget(0)}))
 """
 
 
@@ -1025,7 +1025,8 @@ def test_item_47_many_shards_under_a_low_open_file_limit(tmp_path, taken):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     every = sorted(100 * i + 8 * k for i in range(200) for k in range(6))
-    assert got["windows"] == 1200 and got["budget"] == 16  # 64 descriptors: a quarter for maps, the rest the program's
+    assert got["windows"] == 1200 and 1 <= got["budget"] <= 16  # 64 descriptors: at most a quarter for maps
+    assert got["budget"] == 16 or taken  # fewer only where descriptors were already taken
     assert sorted(got["seen"]) == every[: len(got["seen"])] or len(got["seen"]) == 1184  # drop_last: 37 batches
     assert len(set(got["seen"])) == len(got["seen"]) == 1184 and set(got["seen"]) <= set(every)
     assert sorted(got["workers"]) == every  # two workers under the same limit: the whole epoch
