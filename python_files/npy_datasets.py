@@ -680,8 +680,8 @@ class EpochSampler:
         position = start + min(items, total) * self.world_size
         if self._pass and (items >= total or position >= self.num_samples):
             epoch, position = epoch + 1, 0
-        return {"format": SAMPLER_STATE_FORMAT, "version": 1, "seed": self.seed, "shuffle": self.shuffle,
-                "dataset": self._fingerprint, "num_samples": self.num_samples, "epoch": epoch, "position": position}  # fmt: skip
+        return {"format": SAMPLER_STATE_FORMAT, "version": 1, "epoch": epoch, "position": position,
+                "dataset": self._fingerprint, "num_samples": self.num_samples, "shuffle": self.shuffle, "seed": self.seed}  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state_dict(): the next pass starts exactly where that one stopped. The state must
@@ -702,8 +702,8 @@ class EpochSampler:
 
 
 def _first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
-    """Where two JSON-like values first differ, as (path, a's value, b's value), keys in b's order: causes come
-    first there (a file's name before its size, seq_len before num_samples, which follows from it)."""
+    """Where two JSON-like values first differ, as (path, a's value, b's value), keys in b's order: state_dict()
+    and fingerprint() list causes first (a file's name before its size, seq_len before num_samples)."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in [*b, *(k for k in a if k not in b)]:
             if found := _first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else str(key)):
