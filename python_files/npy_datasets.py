@@ -316,13 +316,10 @@ def _expand_paths(path: Any) -> list[str]:
 
 def _ranges(indices: list[int]) -> str:
     """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'; at most 10 ranges."""
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and runs[-1][1] == i - 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs[:10]) + (", ..." if len(runs) > 10 else "")
+    firsts = [i for k, i in enumerate(indices) if k == 0 or indices[k - 1] != i - 1]
+    lasts = [i for k, i in enumerate(indices) if k == len(indices) - 1 or indices[k + 1] != i + 1]
+    runs = [f"{a}-{b}" if a != b else f"{a}" for a, b in zip(firsts, lasts)]
+    return ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "")
 
 
 def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]) -> None:

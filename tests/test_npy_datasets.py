@@ -625,3 +625,15 @@ def test_two_hundred_shards_stay_mapped_under_an_ordinary_open_file_limit(tmp_pa
         assert len(ds._maps) == 200
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@given(st.sets(st.integers(0, 60)))
+def test_shard_ranges_name_every_index_once_in_runs(indices):
+    """The shard warning's '1, 3-9' text: read back, it is the sorted indices (all of them up to 10 runs)."""
+    text = nd._ranges(sorted(indices))
+    runs = [part.split("-") for part in text.split(", ") if part and part != "..."]
+    named = [i for run in runs for i in range(int(run[0]), int(run[-1]) + 1)]
+    assert all(len(run) == 1 or int(run[0]) < int(run[1]) for run in runs)  # a run of one index is written once
+    assert all(int(b[0]) > int(a[-1]) + 1 for a, b in zip(runs, runs[1:]))  # runs are maximal, in order
+    assert named == sorted(indices)[: len(named)] and len(runs) <= 10
+    assert text.endswith(", ...") == (len(named) < len(indices))
