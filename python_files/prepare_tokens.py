@@ -618,14 +618,20 @@ def _existing_shards(out: Path, split: str, layout: str) -> dict[int, Path]:
     return {int(m[1]): out / m[0] for m in matches if m is not None}
 
 
-def _up_to_date(paths: list[Path], fingerprint: str, sharded: bool) -> list[dict[str, Any]] | None:
-    """The sidecars of paths if each records fingerprint and its file's size (shards: and their count), else None."""
+def _up_to_date(paths: list[Path], fingerprint: str, split: str | None) -> list[dict[str, Any]] | None:
+    """The sidecars of paths if each records fingerprint and its file's size (shards: and their count), else None.
+    split (sharding only): refuse a file with a shard's name whose sidecar says it is not a shard of that split."""
     metas = []
     for path in paths:
-        with contextlib.suppress(TokenFileError):  # an unreadable sidecar: rebuild
-            if ((meta := read_sidecar(path)) is not None and meta.get("settings_fingerprint") == fingerprint
-                    and path.is_file() and path.stat().st_size == meta["file_size"]
-                    and (not sharded or (meta.get("shard") or {}).get("count") == len(paths))):  # fmt: skip
+        with contextlib.suppress(TokenFileError):  # an unreadable sidecar: rebuild (a shard: an unfinished one at worst)
+            if (meta := read_sidecar(path)) is None:
+                continue
+            if split is not None and not (isinstance(meta.get("shard"), dict) and isinstance(meta.get("source"), dict)
+                                          and meta["source"].get("split") == split):  # fmt: skip
+                raise ValueError(f"{str(path)!r} is not a shard of split {split!r} (its sidecar says otherwise), but has a shard's "
+                                 f"name; sharding {split!r} would replace or delete it. Move it, or choose another --out")  # fmt: skip
+            if (meta.get("settings_fingerprint") == fingerprint and path.is_file() and path.stat().st_size == meta["file_size"]
+                    and (split is None or meta["shard"].get("count") == len(paths))):  # fmt: skip
                 metas.append(meta)
     return metas if paths and len(metas) == len(paths) else None
 
@@ -657,17 +663,6 @@ def _counting_documents(chunks: Iterable[np.ndarray], eot_id: int, bar: tqdm, st
         starts.append(int(np.count_nonzero(chunk == eot_id)))
         bar.update(starts[-1])
         yield chunk
-
-
-def _check_no_foreign_shard_names(out: Path, name: str, layout: str) -> None:
-    """Refuse to shard split name over files with shard names that are not its shards (a split named train_000001's)."""
-    for path in _existing_shards(out, name, layout).values():
-        with contextlib.suppress(TokenFileError):  # unreadable: an unfinished shard at worst, rebuilt like one
-            meta = read_sidecar(path)
-            if meta is not None and not (isinstance(meta.get("shard"), dict) and
-                                         isinstance(meta.get("source"), dict) and meta["source"].get("split") == name):  # fmt: skip
-                raise ValueError(f"{str(path)!r} is not a shard of split {name!r} (its sidecar says otherwise), but has a "
-                                 f"shard's name; sharding {name!r} would replace or delete it. Move it, or choose another --out")  # fmt: skip
 
 
 def _publish(out: Path, split: TextSplit, staging: Path | None, written: list[tuple[Path, dict[str, Any], int]],
@@ -726,10 +721,10 @@ def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encodi
     }  # fmt: skip
     path = out / ((f"{split.name}_{'[0-9]' * SHARD_DIGITS}" if sharded else split.name) + SUFFIXES[layout])
     existing = [p for _, p in sorted(_existing_shards(out, split.name, layout).items())] if sharded else [path]
-    if not force and (metas := _up_to_date(existing, settings_fingerprint(settings), sharded)) is not None:
-        return _result(split.name, path, metas, False, sharded)
-    if sharded:
-        _check_no_foreign_shard_names(out, split.name, layout)
+    if sharded or not force:  # sharded: even with force, another split's file with a shard's name is refused
+        metas = _up_to_date(existing, settings_fingerprint(settings), split.name if sharded else None)
+        if metas is not None and not force:
+            return _result(split.name, path, metas, False, sharded)
     out.mkdir(parents=True, exist_ok=True)
     staging = _new_temp(out / f"{split.name}_shards", folder=True)[0] if sharded else None  # .train_shards.tmp.<pid>.<hex>
     written: list[tuple[Path, dict[str, Any], int]] = []  # final path, stats, documents starting in it
