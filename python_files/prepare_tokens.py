@@ -171,10 +171,8 @@ def _check_arguments(
 
 def _display_path(path: Path) -> str:
     """path relative to the current folder when it lies inside it, else absolute."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(Path(path).resolve())
+    path, here = Path(path).resolve(), Path.cwd().resolve()
+    return str(path.relative_to(here) if path.is_relative_to(here) else path)
 
 
 # ---- The tokenizer: GPT-2's BPE from the bundled files. ------------------------------------------------------
@@ -386,14 +384,10 @@ def load_text_splits(dataset: str | os.PathLike | None = None, column: str = "te
             b.num_rows for b in _batches(train, f"{name} split {CARVE_SOURCE}", [column]))  # fmt: skip
         rows[CARVE_SOURCE], rows[VALIDATION_SPLIT] = carve_validation(n, val_fraction, seed)
     identity = {source: _input_fingerprint(files[source]) for source in set(from_split.values())}  # each hashed once
-    result = {}
-    for s in names:
-        source = {"dataset": name, "split": s, "from_split": from_split[s], "column": column,
-                  "input_fingerprint": identity[from_split[s]]}  # fmt: skip
-        if s in rows:
-            source.update(val_fraction=float(val_fraction), seed=int(seed))
-        result[s] = TextSplit(s, loaded[from_split[s]], column, source, rows.get(s))
-    return result
+    carving = {"val_fraction": float(val_fraction), "seed": int(seed)}  # recorded by the carved splits only
+    sources = {s: {"dataset": name, "split": s, "from_split": from_split[s], "column": column,
+                   "input_fingerprint": identity[from_split[s]], **(carving if s in rows else {})} for s in names}
+    return {s: TextSplit(s, loaded[from_split[s]], column, sources[s], rows.get(s)) for s in names}
 
 
 def _iter_texts(split: TextSplit) -> Iterator[str]:
@@ -494,10 +488,8 @@ def _new_temp(path: Path, folder: bool = False) -> tuple[Path, int | None]:
     """A new temp file, open (or a new folder), beside path: .<name>.tmp.<pid>.<random>; O_EXCL never opens a planted link."""
     while True:
         tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
-        try:
+        with contextlib.suppress(FileExistsError):  # the name is taken: draw another
             return tmp, tmp.mkdir() if folder else os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        except FileExistsError:
-            continue
 
 
 @contextlib.contextmanager
@@ -584,11 +576,9 @@ def clean_stale_temp_files(out_dir: str | os.PathLike) -> list[Path]:
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM back while a few renames must not be cut in half, then deliver them (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
     caught: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
     try:
         yield
     finally:
@@ -787,8 +777,7 @@ def prepare(dataset: str | os.PathLike | None = None, out: str | os.PathLike | N
     _check_out_dir(out, path)
     enc = gpt2_encoding() if encoding == ENCODING else tiktoken.get_encoding(encoding)
     text_splits = load_text_splits(dataset, column, names, val_fraction, seed)
-    out.mkdir(parents=True, exist_ok=True)
-    clean_stale_temp_files(out)
+    clean_stale_temp_files(out)  # prepare_split creates out
     return [prepare_split(text_splits[s], out, enc, layout=layout, num_threads=num_threads, chunk_docs=chunk_docs,
                           force=force, progress=progress, shard_tokens=shard_tokens, eot_placement=eot_placement)
             for s in names]  # fmt: skip
