@@ -7,13 +7,10 @@
     for result in prepare(out="data/tinystories_sample"):  # the bundled sample; one PreparedSplit per split
         print(result.summary())  # train: 1,800 docs, 342,147 tokens, uint16 -> data/... (written)
 
-Per split: <out>/<split>.npy (or, --format bin, nanoGPT's raw .bin; --format llmc, llm.c's .bin) and its JSON sidecar;
---shard-tokens N cuts a split into shards of N tokens. A document is [EOT, *encode_ordinary(text)] (--eot append: EOT last,
-as nanoGPT); a literal "<|endoftext|>" in a story is ordinary text. GPT-2's BPE comes from the bundled, sha256-checked
-materials/tiktoken_cache. --dataset is a Hub name, a save_to_disk folder, a folder of .parquet/.json/.jsonl/.txt/.csv files
-(optionally .gz) split by file name, or one such file (train). Local files are streamed, never from the `datasets` cache.
-Without a validation split, validation is carved from train. Files are written atomically, the sidecar last; a split whose
-sidecar records the same settings is skipped ("up to date"). The README's "Shards and other formats" says more.
+Per split: <out>/<split>.npy (--format bin: nanoGPT's raw .bin; llmc: llm.c's .bin) and its JSON sidecar, written
+atomically, the sidecar last; a split whose sidecar records the same settings is skipped ("up to date"). A document is
+[EOT, *encode_ordinary(text)] (--eot append: EOT last, as nanoGPT). The README's "The full TinyStories" lists the inputs
+--dataset takes, "Shards and other formats" the formats and --shard-tokens.
 """
 
 from __future__ import annotations
