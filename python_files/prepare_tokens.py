@@ -521,19 +521,17 @@ def write_token_file(chunks: Iterable[Any], path: str | os.PathLike, dtype: Any 
     _check_arguments(layout=layout)
     if path.suffix != SUFFIXES[layout]:
         raise ValueError(f"a {layout} token file must end in {SUFFIXES[layout]}, got {path.name!r}")
-    n_tokens, max_token_id, header = 0, -1, {"npy": npy_header, "llmc": _llmc_header}.get(layout)
+    n_tokens, max_token_id, header = 0, -1, {"npy": npy_header, "llmc": _llmc_header}.get(layout, lambda *_: b"")
     with _atomic_output(path, drop_first=sidecar_path(path)) as f:
-        if header is not None:
-            f.write(header(dtype, 0))  # placeholder: same length as the real header written below
+        f.write(header(dtype, 0))  # placeholder: same length as the real header written below (bin: no header)
         for chunk in chunks:
             if (ids := _as_token_array(chunk, dtype)).size:
                 f.write(ids.tobytes())
                 n_tokens, max_token_id = n_tokens + ids.size, max(max_token_id, int(ids.max()))
         if n_tokens == 0:
             raise ValueError(f"no tokens to write to {path}")
-        if header is not None:
-            f.seek(0)
-            f.write(header(dtype, n_tokens))  # the true length, over the placeholder
+        f.seek(0)
+        f.write(header(dtype, n_tokens))  # the true length, over the placeholder
         f.seek(0)
         sha256 = hashlib.file_digest(f, "sha256").hexdigest()  # one read of the finished file, which ends at its size
         file_size = f.tell()
@@ -623,12 +621,9 @@ def _up_to_date(paths: list[Path], fingerprint: str, split: str | None) -> list[
     return metas if paths and len(metas) == len(paths) else None
 
 
-def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int | None) -> Iterator[Iterator[np.ndarray]]:
+def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[Iterator[np.ndarray]]:
     """Cut a stream of id chunks into shards: one iterator per shard, exactly shard_tokens ids each but the
-    last, which holds the rest (never empty); None: one stream of everything. Consume each before the next."""
-    if shard_tokens is None:
-        yield iter(chunks)
-        return
+    last, which holds the rest (never empty). Consume each before the next."""
     chunks = (chunk for chunk in chunks if len(chunk))
     head = next(chunks, None)  # ids read but not yet handed out
 
@@ -653,15 +648,12 @@ def _counting_documents(chunks: Iterable[np.ndarray], eot_id: int, bar: tqdm, st
 
 
 def _publish(out: Path, split: TextSplit, staging: Path | None, written: list[tuple[Path, dict[str, Any], int]],
-             enc: tiktoken.Encoding, settings: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
+             settings: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
     """Swap staged shards in, if any (old sidecars first, then old extra shards), then write each file's sidecar."""
     if staging is not None:
-        old = _existing_shards(out, split.name, settings["layout"])
-        for stale in old.values():
-            sidecar_path(stale).unlink(missing_ok=True)
-        for index, stale in old.items():
-            if index >= len(written):  # left by an earlier run with smaller shards or more text
-                stale.unlink(missing_ok=True)
+        old = _existing_shards(out, split.name, settings["layout"])  # extra shards: an earlier run's, with more text
+        for stale in [sidecar_path(p) for p in old.values()] + [p for index, p in old.items() if index >= len(written)]:
+            stale.unlink(missing_ok=True)
         _fsync_dir(out)
         for path, _, _ in written:
             os.replace(staging / path.name, path)
@@ -721,13 +713,13 @@ def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encodi
         total = len(split.rows) if split.rows is not None else getattr(split.documents, "num_rows", None)
         bar = tqdm(total=total, desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
         with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails
-            for index, piece in enumerate(_shard_streams(chunks, shard_tokens)):
+            for index, piece in enumerate(_shard_streams(chunks, shard_tokens) if sharded else [chunks]):
                 final, starts = shard_path(out, split.name, index, layout) if sharded else path, []
                 stats = write_token_file(_counting_documents(piece, enc.eot_token, bar, starts),
                                          (staging or out) / final.name, dtype, layout)  # fmt: skip
                 written.append((final, stats, sum(starts)))
         with _signals_deferred():  # the swap and the sidecars: a Ctrl-C now waits until they are done
-            metas = _publish(out, split, staging, written, enc, settings)
+            metas = _publish(out, split, staging, written, settings)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
