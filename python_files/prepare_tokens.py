@@ -24,7 +24,6 @@ import gzip
 import hashlib
 import json
 import lzma
-import math
 import os
 import re
 import secrets
@@ -46,7 +45,6 @@ from urllib.parse import urlsplit
 import datasets
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import tiktoken
 from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str  # GPT-2's special token and split pattern
 from tqdm import tqdm
@@ -153,7 +151,7 @@ def _check_arguments(
         raise ValueError(f"split name {bad[0]!r} cannot be a file name: use letters, digits, '_', '.' and '-', not first '.'")
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float, np.floating)):
         raise TypeError(f"val_fraction must be a number, got {val_fraction!r}")
-    if not (math.isfinite(val_fraction) and 0 < val_fraction < 1):
+    if not 0 < val_fraction < 1:  # nan and inf fail it too
         raise ValueError(f"val_fraction must be strictly between 0 and 1, got {val_fraction}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
@@ -394,7 +392,7 @@ def _iter_texts(split: TextSplit) -> Iterator[str]:
     for batch in _batches(split.documents, where, [split.column]):
         cells = batch.column(split.column)
         if cells.null_count:
-            row = first + pc.index(pc.is_null(cells), True).as_py()
+            row = first + cells.is_null().index(True).as_py()
             raise ValueError(f"{where} row {row}: column {split.column!r} is None; every document must be a string")
         if rows is not None:  # only this batch's kept rows, in order
             lo, hi = np.searchsorted(rows, [first, first + len(cells)])
@@ -735,10 +733,8 @@ def _default_out_dir(name: str, path: Path | None) -> Path:
 
 
 def _check_out_dir(out: Path, input_path: Path | None) -> None:
-    """Refuse an output folder that is a file, lies inside the input, or cannot be created or written."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output folder {str(out)!r} is an existing file")
-    if input_path is not None and (out.resolve() == input_path.resolve() or input_path.resolve() in out.resolve().parents):
+    """Refuse an output folder that lies inside the input, is a file, or cannot be created or written."""
+    if input_path is not None and out.resolve().is_relative_to(input_path.resolve()):
         raise ValueError(f"output folder {str(out)!r} is inside the input dataset {str(input_path)!r}; choose another --out")
     existing = out
     while not existing.exists():
