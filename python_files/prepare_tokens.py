@@ -3,14 +3,11 @@
     python python_files/prepare_tokens.py                                   # -> data/tinystories_sample/
     python python_files/prepare_tokens.py --dataset roneneldan/TinyStories  # -> data/tinystories/
 
-    from prepare_tokens import prepare
-    for result in prepare(out="data/tinystories_sample"):  # the bundled sample; one PreparedSplit per split
-        print(result.summary())  # train: 1,800 docs, 342,147 tokens, uint16 -> data/... (written)
+    prepare(out="data/tinystories_sample")  # from Python: one PreparedSplit per split, .summary() the line printed
 
-Per split: <out>/<split>.npy (--format bin: nanoGPT's raw .bin; llmc: llm.c's .bin) and its JSON sidecar, written
-atomically, the sidecar last; a split whose sidecar records the same settings is skipped ("up to date"). A document is
-[EOT, *encode_ordinary(text)] (--eot append: EOT last, as nanoGPT). The README's "The full TinyStories" lists the inputs
---dataset takes, "Shards and other formats" the formats and --shard-tokens.
+Per split: <out>/<split>.npy (or --format bin, llmc) and its JSON sidecar, written atomically, the sidecar last; a split
+whose sidecar records the same settings is skipped. The README's "The full TinyStories" lists the inputs --dataset
+takes, "Shards and other formats" the formats and --shard-tokens.
 """
 
 from __future__ import annotations
@@ -273,10 +270,9 @@ def _load_local(path: Path, column: str) -> tuple[dict[str, Any], dict[str, list
 
 
 def _read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
-    """The documents of .jsonl or .txt files (optionally .gz, .bz2, .xz) in order, streamed, in tables of CHUNK_DOCS rows; a
-    fault is a ValueError naming the file and line. A .jsonl line is a document. A .txt with lines of only <|endoftext|>
-    (TinyStoriesV2-GPT4-*.txt) holds the stories between them, line breaks kept; without one, a document per line. Lines
-    end at \\n alone: a lone \\r is text, and \\r\\n round-trips."""
+    """The documents of .jsonl or .txt files (optionally .gz, .bz2, .xz), streamed in tables of CHUNK_DOCS rows; a fault is
+    a ValueError naming the file and line. A .jsonl line is a document; a .txt is cut at its lines of only <|endoftext|>
+    if it has any (TinyStoriesV2-GPT4-*.txt), else at every line end (\\n alone: a lone \\r is text)."""
     for path in paths:
         texts = _file_documents(path, column)
         if not (batch := list(islice(texts, CHUNK_DOCS))):
@@ -339,17 +335,6 @@ def _batches(documents: Any, where: str, columns: list[str] | None = None) -> It
         raise ValueError(f"cannot read {where}: {e}") from e
 
 
-def _check_text_column(documents: Any, column: str, where: str) -> None:
-    """Refuse a missing or non-text column, or an empty split, from its first rows, naming the place."""
-    first = next(_batches(documents, where), None)
-    if first is None or first.num_rows == 0:
-        raise ValueError(f"{where} has no documents")
-    if column not in first.column_names:
-        raise ValueError(f"column {column!r} not found in {where}; available: {first.column_names}")
-    if not pa.types.is_string(kind := first.schema.field(column).type) and not pa.types.is_large_string(kind):
-        raise ValueError(f"column {column!r} in {where} holds {kind}, not text")
-
-
 def carve_validation(n_docs: int, val_fraction: float = VAL_FRACTION, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     """Split rows 0..n_docs-1 into (rest, validation) by a seeded permutation; each ascending, so order is kept."""
     _check_arguments(val_fraction=val_fraction, seed=seed)
@@ -368,10 +353,16 @@ def load_text_splits(dataset: str | os.PathLike | None = None, column: str = "te
     loaded, files = _load_hub(name) if path is None else _load_local(path, column)
     carve = VALIDATION_SPLIT not in loaded and CARVE_SOURCE in loaded
     from_split = {s: CARVE_SOURCE if carve and s in (CARVE_SOURCE, VALIDATION_SPLIT) else s for s in names}
-    for source in dict.fromkeys(from_split.values()):
+    for source in dict.fromkeys(from_split.values()):  # each from its first rows, before any slow work
         if source not in loaded:
             raise ValueError(f"split {source!r} not found in {name}; available: {sorted(loaded)}")
-        _check_text_column(loaded[source], column, f"{name} split {source}")
+        where = f"{name} split {source}"
+        if (first := next(_batches(loaded[source], where), None)) is None or first.num_rows == 0:
+            raise ValueError(f"{where} has no documents")
+        if column not in first.column_names:
+            raise ValueError(f"column {column!r} not found in {where}; available: {first.column_names}")
+        if not pa.types.is_string(kind := first.schema.field(column).type) and not pa.types.is_large_string(kind):
+            raise ValueError(f"column {column!r} in {where} holds {kind}, not text")
     rows = {}
     if carve and CARVE_SOURCE in from_split.values():  # count train's documents (a pass over a streamed file), then carve
         train = loaded[CARVE_SOURCE]
@@ -684,9 +675,8 @@ def _result(name: str, path: Path, metas: list[dict[str, Any]], written: bool, s
 def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encoding, *, layout: str = "npy",
                   num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS, force: bool = False,
                   progress: bool = True, shard_tokens: int | None = None, eot_placement: str = EOT_PLACEMENT) -> PreparedSplit:  # fmt: skip
-    """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists. With
-    shard_tokens, into <out>/<split>_000000.<layout>, ... of shard_tokens ids each (the last: the rest), written
-    into a staging folder, then swapped in: a run that fails or is killed before leaves the previous shards whole."""
+    """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists. With shard_tokens,
+    into shard_path()s of shard_tokens ids each (the last: the rest), staged and swapped in only when all are written."""
     _, num_threads = _check_arguments(splits=split.name, layout=layout, num_threads=num_threads, chunk_docs=chunk_docs,
                                       shard_tokens=shard_tokens, eot_placement=eot_placement)  # fmt: skip
     out, dtype, sharded = Path(out), token_dtype(enc.n_vocab), shard_tokens is not None
