@@ -81,6 +81,7 @@ CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
 SHARD_DIGITS = 6  # train_000000.npy: names sort in shard order, up to 999,999 shards
 _TEMP_NAME = re.compile(r"\.(?P<target>.+)\.tmp\.(?P<pid>\d+)\.[0-9a-f]{8}")  # .train.npy.tmp.<pid>.<random>
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "owner/name" or "name", as the Hub spells them
+_LINE_END = re.compile(r"\r?\n\Z")  # cut off each document read: "\r\n" or "\n" (a lone "\r" is text)
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")  # becomes a file name: no '/', '\\', ':', NUL or leading '.'
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # no space, file-size limit, quota: write() fails
 
@@ -162,26 +163,8 @@ def _check_arguments(
 
 
 def _display_path(path: Path) -> str:
-    """path relative to the current folder when it lies inside it, else absolute."""
     path, here = Path(path).resolve(), Path.cwd().resolve()
     return str(path.relative_to(here) if path.is_relative_to(here) else path)
-
-
-# ---- The tokenizer: GPT-2's BPE from the bundled files. ------------------------------------------------------
-@functools.cache
-def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encoding:
-    """GPT-2's encoding, equal to tiktoken.get_encoding("gpt2"), from folder's encoder.json once its sha256 is checked
-    (ValueError if not). Nothing is downloaded or written: no TIKTOKEN_CACHE_DIR, elsewhere or read-only, breaks it."""
-    path = Path(folder) / GPT2_ENCODER_JSON
-    raw = path.read_bytes()
-    if hashlib.sha256(raw).hexdigest() != GPT2_ENCODER_SHA256:
-        raise ValueError(f"{str(path)!r}: sha256 differs from GPT-2's encoder.json ({GPT2_ENCODER_SHA256}); restore it")
-    printable = [b for b in range(256) if chr(b).isprintable() and b != 32]  # GPT-2 spells byte b as chr(b) if printable,
-    others = [b for b in range(256) if b not in printable]  # and the others as chr(256), chr(257), ... in order
-    byte_of = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
-    ranks = {bytes(map(byte_of.get, token)): rank for token, rank in json.loads(raw).items() if token != ENDOFTEXT}
-    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)  # fmt: skip
 
 
 # ---- Loading: Hub names and local files become one (Iterable)Dataset per output split. -----------------------
@@ -283,9 +266,6 @@ def _read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
 
 
 def _file_documents(path: str, column: str) -> Iterator[str]:
-    def cut(text: str) -> str:  # the line's end off: "\r\n" or "\n"
-        return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
-
     number, jsonl, story = 0, _builder_for(path) == "json", []
     try:
         with OPENERS.get(Path(path).suffix, open)(path, "rb") as f:
@@ -296,14 +276,14 @@ def _file_documents(path: str, column: str) -> Iterator[str]:
                     if line.strip():
                         yield _json_text(line, column)
                 elif not separated:
-                    yield cut(line.decode("utf-8"))
+                    yield _LINE_END.sub("", line.decode("utf-8"))
                 elif line.strip() == TEXT_SEPARATOR:  # the story's last line break belongs to the separator
-                    yield cut("".join(story))
+                    yield _LINE_END.sub("", "".join(story))
                     story = []
                 else:
                     story.append(line.decode("utf-8"))
             if "".join(story).strip():  # text after the last separator line: a story unless only spaces
-                yield cut("".join(story))
+                yield _LINE_END.sub("", "".join(story))
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as e:  # ValueError: bad JSON or UTF-8, ...
         where = f" line {number}" if isinstance(e, ValueError) else f" after line {number}" if number else ""
         raise ValueError(f"cannot read {path}{where}: {e}") from e
@@ -394,7 +374,23 @@ def _iter_texts(split: TextSplit) -> Iterator[str]:
         raise ValueError(f"{where} now holds {first} rows, fewer than when it was carved; did it change?")
 
 
-# ---- Tokenizing: chunks of documents on a thread pool, results always in input order. ------------------------
+# ---- Tokenizing: GPT-2's BPE from the bundled files; chunks of documents on a thread pool, in input order. ---
+@functools.cache
+def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encoding:
+    """GPT-2's encoding, equal to tiktoken.get_encoding("gpt2"), from folder's encoder.json once its sha256 is checked
+    (ValueError if not). Nothing is downloaded or written: no TIKTOKEN_CACHE_DIR, elsewhere or read-only, breaks it."""
+    path = Path(folder) / GPT2_ENCODER_JSON
+    raw = path.read_bytes()
+    if hashlib.sha256(raw).hexdigest() != GPT2_ENCODER_SHA256:
+        raise ValueError(f"{str(path)!r}: sha256 differs from GPT-2's encoder.json ({GPT2_ENCODER_SHA256}); restore it")
+    printable = [b for b in range(256) if chr(b).isprintable() and b != 32]  # GPT-2 spells byte b as chr(b) if printable,
+    others = [b for b in range(256) if b not in printable]  # and the others as chr(256), chr(257), ... in order
+    byte_of = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+    ranks = {bytes(map(byte_of.get, token)): rank for token, rank in json.loads(raw).items() if token != ENDOFTEXT}
+    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)  # fmt: skip
+
+
 def _encode_chunk(enc: tiktoken.Encoding, texts: list[str], append: bool = False) -> np.ndarray:
     """[EOT, *ids] (append: [*ids, EOT]) for each text, concatenated into one uint32 array; no special token is emitted."""
     eot, parts = np.array([enc.eot_token], dtype=np.uint32), []
@@ -611,8 +607,7 @@ def _up_to_date(paths: list[Path], fingerprint: str, split: str | None) -> list[
 
 
 def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[Iterator[np.ndarray]]:
-    """Cut a stream of id chunks into shards: one iterator per shard, exactly shard_tokens ids each but the
-    last, which holds the rest (never empty). Consume each before the next."""
+    """One iterator per shard: exactly shard_tokens ids each but the last (the rest, never empty). Consume in order."""
     chunks = (chunk for chunk in chunks if len(chunk))
     head = next(chunks, None)  # ids read but not yet handed out
 
