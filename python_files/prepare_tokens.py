@@ -237,12 +237,10 @@ def _load_local(path: Path, column: str) -> tuple[dict[str, Any], dict[str, list
         loaded = datasets.load_from_disk(str(path))  # a save_to_disk folder: its Arrow files are the data
         loaded = {CARVE_SOURCE: loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
         return loaded, {split: [f["filename"] for f in ds.cache_files] for split, ds in loaded.items()}
-    if path.is_file():
-        if (builder_name := _builder_for(path.name)) is None:
-            raise ValueError(f"{path}: unsupported file type; expected one of {sorted(FILE_BUILDERS)} (optionally .gz)")
-        builder = datasets.load_dataset_builder(builder_name, data_files={CARVE_SOURCE: str(path)})
-    else:
-        builder = datasets.load_dataset_builder(str(path))  # datasets finds the files and their splits
+    if path.is_file() and (builder_name := _builder_for(path.name)) is None:
+        raise ValueError(f"{path}: unsupported file type; expected one of {sorted(FILE_BUILDERS)} (optionally .gz)")
+    builder = (datasets.load_dataset_builder(builder_name, data_files={CARVE_SOURCE: str(path)}) if path.is_file()
+               else datasets.load_dataset_builder(str(path)))  # a folder: datasets finds the files and their splits
     files = {str(split): list(paths) for split, paths in builder.config.data_files.items()}
     if all(Path(Path(f).stem if Path(f).suffix in OPENERS else f).suffix in OWN_READER for fs in files.values() for f in fs):
         return {s: functools.partial(_read_documents, fs, column) for s, fs in files.items()}, files
@@ -377,8 +375,7 @@ def _iter_texts(split: TextSplit) -> Iterator[str]:
 # ---- Tokenizing: GPT-2's BPE from the bundled files; chunks of documents on a thread pool, in input order. ---
 @functools.cache
 def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encoding:
-    """GPT-2's encoding, equal to tiktoken.get_encoding("gpt2"), from folder's encoder.json once its sha256 is checked
-    (ValueError if not). Nothing is downloaded or written: no TIKTOKEN_CACHE_DIR, elsewhere or read-only, breaks it."""
+    """GPT-2's encoding, as tiktoken.get_encoding("gpt2"), from folder's sha256-checked encoder.json: no download."""
     path = Path(folder) / GPT2_ENCODER_JSON
     raw = path.read_bytes()
     if hashlib.sha256(raw).hexdigest() != GPT2_ENCODER_SHA256:
@@ -594,10 +591,9 @@ def _up_to_date(paths: list[Path], fingerprint: str, split: str | None) -> list[
     metas = []
     for path in paths:
         with contextlib.suppress(TokenFileError):  # an unreadable sidecar: rebuild (a shard: an unfinished one at worst)
-            if (meta := read_sidecar(path)) is None:
-                continue
-            if split is not None and not (isinstance(meta.get("shard"), dict) and isinstance(meta.get("source"), dict)
-                                          and meta["source"].get("split") == split):  # fmt: skip
+            meta = read_sidecar(path) or {}  # none: not up to date
+            if meta and split is not None and not (isinstance(meta.get("shard"), dict) and isinstance(meta.get("source"), dict)
+                                                   and meta["source"].get("split") == split):  # fmt: skip
                 raise ValueError(f"{str(path)!r} is not a shard of split {split!r} (its sidecar says otherwise), but has a shard's "
                                  f"name; sharding {split!r} would replace or delete it. Move it, or choose another --out")  # fmt: skip
             if (meta.get("settings_fingerprint") == fingerprint and path.is_file() and path.stat().st_size == meta["file_size"]
@@ -767,10 +763,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy", help="npy (default), nanoGPT's raw .bin, or llm.c's .bin")
     p.add_argument("--num-threads", type=int, help=f"tokenizer threads (default: usable cores, here {_usable_cores()})")
     p.add_argument("--chunk-docs", type=int, default=CHUNK_DOCS, help=f"documents per thread task (default: {CHUNK_DOCS})")
-    p.add_argument("--shard-tokens", type=int, metavar="N", help="write each split as shards of N tokens "
-                   "(<split>_000000.npy, ...; the last holds the rest); default: one file per split")
-    p.add_argument("--eot", dest="eot_placement", choices=EOT_PLACEMENTS, default=EOT_PLACEMENT, help="end-of-text token "
-                   "before each document (default, as llm.c) or after it (nanoGPT: --format bin --eot append is its .bin)")
+    p.add_argument("--shard-tokens", type=int, metavar="N", help="write each split as shards of N tokens (the last: the rest)")
+    p.add_argument("--eot", dest="eot_placement", choices=EOT_PLACEMENTS, default=EOT_PLACEMENT,
+                   help="end-of-text token before each document (default, as llm.c) or after it (as nanoGPT)")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     return p  # fmt: skip
 
@@ -780,8 +775,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = vars(parser.parse_args(argv))
     try:  # prepare() checks them too: here a bad one is a usage error (exit status 2), before anything loads
-        _check_arguments(**{k: args[k] for k in ("splits", "val_fraction", "seed", "layout", "num_threads",
-                                                 "chunk_docs", "shard_tokens", "eot_placement")})  # fmt: skip
+        _check_arguments(**{k: v for k, v in args.items() if k in _check_arguments.__kwdefaults__})
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     previous = (signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # `kill` unwinds like Ctrl-C
