@@ -3,17 +3,11 @@
     python python_files/prepare_tokens.py                                   # -> data/tinystories_sample/
     python python_files/prepare_tokens.py --dataset roneneldan/TinyStories  # -> data/tinystories/
 
-    from prepare_tokens import prepare
-    for result in prepare(out="data/tinystories_sample"):  # the bundled sample; one PreparedSplit per split
-        print(result.summary())  # train: 1,800 docs, 342,147 tokens, uint16 -> data/... (written)
+    prepare(out="data/tinystories_sample")  # from Python: one PreparedSplit per split, .summary() the line printed
 
-Per split: <out>/<split>.npy (or, --format bin, nanoGPT's raw .bin; --format llmc, llm.c's .bin) and its JSON sidecar;
---shard-tokens N cuts a split into shards of N tokens. A document is [EOT, *encode_ordinary(text)] (--eot append: EOT last,
-as nanoGPT); a literal "<|endoftext|>" in a story is ordinary text. GPT-2's BPE comes from the bundled, sha256-checked
-materials/tiktoken_cache. --dataset is a Hub name, a save_to_disk folder, a folder of .parquet/.json/.jsonl/.txt/.csv files
-(optionally .gz) split by file name, or one such file (train). Local files are streamed, never from the `datasets` cache.
-Without a validation split, validation is carved from train. Files are written atomically, the sidecar last; a split whose
-sidecar records the same settings is skipped ("up to date"). The README's "Shards and other formats" says more.
+Per split: <out>/<split>.npy (or --format bin, llmc) and its JSON sidecar, written atomically, the sidecar last; a split
+whose sidecar records the same settings is skipped. The README's "The full TinyStories" lists the inputs --dataset
+takes, "Shards and other formats" the formats and --shard-tokens.
 """
 
 from __future__ import annotations
@@ -27,7 +21,6 @@ import gzip
 import hashlib
 import json
 import lzma
-import math
 import os
 import re
 import secrets
@@ -49,7 +42,6 @@ from urllib.parse import urlsplit
 import datasets
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import tiktoken
 from tiktoken_ext.openai_public import ENDOFTEXT, r50k_pat_str  # GPT-2's special token and split pattern
 from tqdm import tqdm
@@ -89,6 +81,7 @@ CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
 SHARD_DIGITS = 6  # train_000000.npy: names sort in shard order, up to 999,999 shards
 _TEMP_NAME = re.compile(r"\.(?P<target>.+)\.tmp\.(?P<pid>\d+)\.[0-9a-f]{8}")  # .train.npy.tmp.<pid>.<random>
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "owner/name" or "name", as the Hub spells them
+_LINE_END = re.compile(r"\r?\n\Z")  # cut off each document read: "\r\n" or "\n" (a lone "\r" is text)
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")  # becomes a file name: no '/', '\\', ':', NUL or leading '.'
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # no space, file-size limit, quota: write() fails
 
@@ -156,7 +149,7 @@ def _check_arguments(
         raise ValueError(f"split name {bad[0]!r} cannot be a file name: use letters, digits, '_', '.' and '-', not first '.'")
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float, np.floating)):
         raise TypeError(f"val_fraction must be a number, got {val_fraction!r}")
-    if not (math.isfinite(val_fraction) and 0 < val_fraction < 1):
+    if not 0 < val_fraction < 1:  # nan and inf fail it too
         raise ValueError(f"val_fraction must be strictly between 0 and 1, got {val_fraction}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
@@ -170,28 +163,8 @@ def _check_arguments(
 
 
 def _display_path(path: Path) -> str:
-    """path relative to the current folder when it lies inside it, else absolute."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(Path(path).resolve())
-
-
-# ---- The tokenizer: GPT-2's BPE from the bundled files. ------------------------------------------------------
-@functools.cache
-def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encoding:
-    """GPT-2's encoding, equal to tiktoken.get_encoding("gpt2"), from folder's encoder.json once its sha256 is checked
-    (ValueError if not). Nothing is downloaded or written: no TIKTOKEN_CACHE_DIR, elsewhere or read-only, breaks it."""
-    path = Path(folder) / GPT2_ENCODER_JSON
-    raw = path.read_bytes()
-    if hashlib.sha256(raw).hexdigest() != GPT2_ENCODER_SHA256:
-        raise ValueError(f"{str(path)!r}: sha256 differs from GPT-2's encoder.json ({GPT2_ENCODER_SHA256}); restore it")
-    printable = [b for b in range(256) if chr(b).isprintable() and b != 32]  # GPT-2 spells byte b as chr(b) if printable,
-    others = [b for b in range(256) if b not in printable]  # and the others as chr(256), chr(257), ... in order
-    byte_of = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
-    ranks = {bytes(map(byte_of.get, token)): rank for token, rank in json.loads(raw).items() if token != ENDOFTEXT}
-    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)  # fmt: skip
+    path, here = Path(path).resolve(), Path.cwd().resolve()
+    return str(path.relative_to(here) if path.is_relative_to(here) else path)
 
 
 # ---- Loading: Hub names and local files become one (Iterable)Dataset per output split. -----------------------
@@ -264,12 +237,10 @@ def _load_local(path: Path, column: str) -> tuple[dict[str, Any], dict[str, list
         loaded = datasets.load_from_disk(str(path))  # a save_to_disk folder: its Arrow files are the data
         loaded = {CARVE_SOURCE: loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
         return loaded, {split: [f["filename"] for f in ds.cache_files] for split, ds in loaded.items()}
-    if path.is_file():
-        if (builder_name := _builder_for(path.name)) is None:
-            raise ValueError(f"{path}: unsupported file type; expected one of {sorted(FILE_BUILDERS)} (optionally .gz)")
-        builder = datasets.load_dataset_builder(builder_name, data_files={CARVE_SOURCE: str(path)})
-    else:
-        builder = datasets.load_dataset_builder(str(path))  # datasets finds the files and their splits
+    if path.is_file() and (builder_name := _builder_for(path.name)) is None:
+        raise ValueError(f"{path}: unsupported file type; expected one of {sorted(FILE_BUILDERS)} (optionally .gz)")
+    builder = (datasets.load_dataset_builder(builder_name, data_files={CARVE_SOURCE: str(path)}) if path.is_file()
+               else datasets.load_dataset_builder(str(path)))  # a folder: datasets finds the files and their splits
     files = {str(split): list(paths) for split, paths in builder.config.data_files.items()}
     if all(Path(Path(f).stem if Path(f).suffix in OPENERS else f).suffix in OWN_READER for fs in files.values() for f in fs):
         return {s: functools.partial(_read_documents, fs, column) for s, fs in files.items()}, files
@@ -280,10 +251,9 @@ def _load_local(path: Path, column: str) -> tuple[dict[str, Any], dict[str, list
 
 
 def _read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
-    """The documents of .jsonl or .txt files (optionally .gz, .bz2, .xz) in order, streamed, in tables of CHUNK_DOCS rows; a
-    fault is a ValueError naming the file and line. A .jsonl line is a document. A .txt with lines of only <|endoftext|>
-    (TinyStoriesV2-GPT4-*.txt) holds the stories between them, line breaks kept; without one, a document per line. Lines
-    end at \\n alone: a lone \\r is text, and \\r\\n round-trips."""
+    """The documents of .jsonl or .txt files (optionally .gz, .bz2, .xz), streamed in tables of CHUNK_DOCS rows; a fault is
+    a ValueError naming the file and line. A .jsonl line is a document; a .txt is cut at its lines of only <|endoftext|>
+    if it has any (TinyStoriesV2-GPT4-*.txt), else at every line end (\\n alone: a lone \\r is text)."""
     for path in paths:
         texts = _file_documents(path, column)
         if not (batch := list(islice(texts, CHUNK_DOCS))):
@@ -294,9 +264,6 @@ def _read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
 
 
 def _file_documents(path: str, column: str) -> Iterator[str]:
-    def cut(text: str) -> str:  # the line's end off: "\r\n" or "\n"
-        return text[:-2] if text.endswith("\r\n") else text.removesuffix("\n")
-
     number, jsonl, story = 0, _builder_for(path) == "json", []
     try:
         with OPENERS.get(Path(path).suffix, open)(path, "rb") as f:
@@ -307,14 +274,14 @@ def _file_documents(path: str, column: str) -> Iterator[str]:
                     if line.strip():
                         yield _json_text(line, column)
                 elif not separated:
-                    yield cut(line.decode("utf-8"))
+                    yield _LINE_END.sub("", line.decode("utf-8"))
                 elif line.strip() == TEXT_SEPARATOR:  # the story's last line break belongs to the separator
-                    yield cut("".join(story))
+                    yield _LINE_END.sub("", "".join(story))
                     story = []
                 else:
                     story.append(line.decode("utf-8"))
             if "".join(story).strip():  # text after the last separator line: a story unless only spaces
-                yield cut("".join(story))
+                yield _LINE_END.sub("", "".join(story))
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as e:  # ValueError: bad JSON or UTF-8, ...
         where = f" line {number}" if isinstance(e, ValueError) else f" after line {number}" if number else ""
         raise ValueError(f"cannot read {path}{where}: {e}") from e
@@ -346,17 +313,6 @@ def _batches(documents: Any, where: str, columns: list[str] | None = None) -> It
         raise ValueError(f"cannot read {where}: {e}") from e
 
 
-def _check_text_column(documents: Any, column: str, where: str) -> None:
-    """Refuse a missing or non-text column, or an empty split, from its first rows, naming the place."""
-    first = next(_batches(documents, where), None)
-    if first is None or first.num_rows == 0:
-        raise ValueError(f"{where} has no documents")
-    if column not in first.column_names:
-        raise ValueError(f"column {column!r} not found in {where}; available: {first.column_names}")
-    if not pa.types.is_string(kind := first.schema.field(column).type) and not pa.types.is_large_string(kind):
-        raise ValueError(f"column {column!r} in {where} holds {kind}, not text")
-
-
 def carve_validation(n_docs: int, val_fraction: float = VAL_FRACTION, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     """Split rows 0..n_docs-1 into (rest, validation) by a seeded permutation; each ascending, so order is kept."""
     _check_arguments(val_fraction=val_fraction, seed=seed)
@@ -375,10 +331,16 @@ def load_text_splits(dataset: str | os.PathLike | None = None, column: str = "te
     loaded, files = _load_hub(name) if path is None else _load_local(path, column)
     carve = VALIDATION_SPLIT not in loaded and CARVE_SOURCE in loaded
     from_split = {s: CARVE_SOURCE if carve and s in (CARVE_SOURCE, VALIDATION_SPLIT) else s for s in names}
-    for source in dict.fromkeys(from_split.values()):
+    for source in dict.fromkeys(from_split.values()):  # each from its first rows, before any slow work
         if source not in loaded:
             raise ValueError(f"split {source!r} not found in {name}; available: {sorted(loaded)}")
-        _check_text_column(loaded[source], column, f"{name} split {source}")
+        where = f"{name} split {source}"
+        if (first := next(_batches(loaded[source], where), None)) is None or first.num_rows == 0:
+            raise ValueError(f"{where} has no documents")
+        if column not in first.column_names:
+            raise ValueError(f"column {column!r} not found in {where}; available: {first.column_names}")
+        if not pa.types.is_string(kind := first.schema.field(column).type) and not pa.types.is_large_string(kind):
+            raise ValueError(f"column {column!r} in {where} holds {kind}, not text")
     rows = {}
     if carve and CARVE_SOURCE in from_split.values():  # count train's documents (a pass over a streamed file), then carve
         train = loaded[CARVE_SOURCE]
@@ -386,14 +348,10 @@ def load_text_splits(dataset: str | os.PathLike | None = None, column: str = "te
             b.num_rows for b in _batches(train, f"{name} split {CARVE_SOURCE}", [column]))  # fmt: skip
         rows[CARVE_SOURCE], rows[VALIDATION_SPLIT] = carve_validation(n, val_fraction, seed)
     identity = {source: _input_fingerprint(files[source]) for source in set(from_split.values())}  # each hashed once
-    result = {}
-    for s in names:
-        source = {"dataset": name, "split": s, "from_split": from_split[s], "column": column,
-                  "input_fingerprint": identity[from_split[s]]}  # fmt: skip
-        if s in rows:
-            source.update(val_fraction=float(val_fraction), seed=int(seed))
-        result[s] = TextSplit(s, loaded[from_split[s]], column, source, rows.get(s))
-    return result
+    carving = {"val_fraction": float(val_fraction), "seed": int(seed)}  # recorded by the carved splits only
+    sources = {s: {"dataset": name, "split": s, "from_split": from_split[s], "column": column,
+                   "input_fingerprint": identity[from_split[s]], **(carving if s in rows else {})} for s in names}
+    return {s: TextSplit(s, loaded[from_split[s]], column, sources[s], rows.get(s)) for s in names}
 
 
 def _iter_texts(split: TextSplit) -> Iterator[str]:
@@ -403,7 +361,7 @@ def _iter_texts(split: TextSplit) -> Iterator[str]:
     for batch in _batches(split.documents, where, [split.column]):
         cells = batch.column(split.column)
         if cells.null_count:
-            row = first + pc.index(pc.is_null(cells), True).as_py()
+            row = first + cells.is_null().index(True).as_py()
             raise ValueError(f"{where} row {row}: column {split.column!r} is None; every document must be a string")
         if rows is not None:  # only this batch's kept rows, in order
             lo, hi = np.searchsorted(rows, [first, first + len(cells)])
@@ -414,7 +372,22 @@ def _iter_texts(split: TextSplit) -> Iterator[str]:
         raise ValueError(f"{where} now holds {first} rows, fewer than when it was carved; did it change?")
 
 
-# ---- Tokenizing: chunks of documents on a thread pool, results always in input order. ------------------------
+# ---- Tokenizing: GPT-2's BPE from the bundled files; chunks of documents on a thread pool, in input order. ---
+@functools.cache
+def gpt2_encoding(folder: str | os.PathLike = TIKTOKEN_FILES) -> tiktoken.Encoding:
+    """GPT-2's encoding, as tiktoken.get_encoding("gpt2"), from folder's sha256-checked encoder.json: no download."""
+    path = Path(folder) / GPT2_ENCODER_JSON
+    raw = path.read_bytes()
+    if hashlib.sha256(raw).hexdigest() != GPT2_ENCODER_SHA256:
+        raise ValueError(f"{str(path)!r}: sha256 differs from GPT-2's encoder.json ({GPT2_ENCODER_SHA256}); restore it")
+    printable = [b for b in range(256) if chr(b).isprintable() and b != 32]  # GPT-2 spells byte b as chr(b) if printable,
+    others = [b for b in range(256) if b not in printable]  # and the others as chr(256), chr(257), ... in order
+    byte_of = {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+    ranks = {bytes(map(byte_of.get, token)): rank for token, rank in json.loads(raw).items() if token != ENDOFTEXT}
+    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={ENDOFTEXT: 50256}, explicit_n_vocab=50257)  # fmt: skip
+
+
 def _encode_chunk(enc: tiktoken.Encoding, texts: list[str], append: bool = False) -> np.ndarray:
     """[EOT, *ids] (append: [*ids, EOT]) for each text, concatenated into one uint32 array; no special token is emitted."""
     eot, parts = np.array([enc.eot_token], dtype=np.uint32), []
@@ -494,10 +467,8 @@ def _new_temp(path: Path, folder: bool = False) -> tuple[Path, int | None]:
     """A new temp file, open (or a new folder), beside path: .<name>.tmp.<pid>.<random>; O_EXCL never opens a planted link."""
     while True:
         tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{secrets.token_hex(4)}")
-        try:
+        with contextlib.suppress(FileExistsError):  # the name is taken: draw another
             return tmp, tmp.mkdir() if folder else os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        except FileExistsError:
-            continue
 
 
 @contextlib.contextmanager
@@ -532,19 +503,17 @@ def write_token_file(chunks: Iterable[Any], path: str | os.PathLike, dtype: Any 
     _check_arguments(layout=layout)
     if path.suffix != SUFFIXES[layout]:
         raise ValueError(f"a {layout} token file must end in {SUFFIXES[layout]}, got {path.name!r}")
-    n_tokens, max_token_id, header = 0, -1, {"npy": npy_header, "llmc": _llmc_header}.get(layout)
+    n_tokens, max_token_id, header = 0, -1, {"npy": npy_header, "llmc": _llmc_header}.get(layout, lambda *_: b"")
     with _atomic_output(path, drop_first=sidecar_path(path)) as f:
-        if header is not None:
-            f.write(header(dtype, 0))  # placeholder: same length as the real header written below
+        f.write(header(dtype, 0))  # placeholder: same length as the real header written below (bin: no header)
         for chunk in chunks:
             if (ids := _as_token_array(chunk, dtype)).size:
                 f.write(ids.tobytes())
                 n_tokens, max_token_id = n_tokens + ids.size, max(max_token_id, int(ids.max()))
         if n_tokens == 0:
             raise ValueError(f"no tokens to write to {path}")
-        if header is not None:
-            f.seek(0)
-            f.write(header(dtype, n_tokens))  # the true length, over the placeholder
+        f.seek(0)
+        f.write(header(dtype, n_tokens))  # the true length, over the placeholder
         f.seek(0)
         sha256 = hashlib.file_digest(f, "sha256").hexdigest()  # one read of the finished file, which ends at its size
         file_size = f.tell()
@@ -584,11 +553,9 @@ def clean_stale_temp_files(out_dir: str | os.PathLike) -> list[Path]:
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM back while a few renames must not be cut in half, then deliver them (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
     caught: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signals}
     try:
         yield
     finally:
@@ -618,24 +585,25 @@ def _existing_shards(out: Path, split: str, layout: str) -> dict[int, Path]:
     return {int(m[1]): out / m[0] for m in matches if m is not None}
 
 
-def _up_to_date(paths: list[Path], fingerprint: str, sharded: bool) -> list[dict[str, Any]] | None:
-    """The sidecars of paths if each records fingerprint and its file's size (shards: and their count), else None."""
+def _up_to_date(paths: list[Path], fingerprint: str, split: str | None) -> list[dict[str, Any]] | None:
+    """The sidecars of paths if each records fingerprint and its file's size (shards: and their count), else None.
+    split (sharding only): refuse a file with a shard's name whose sidecar says it is not a shard of that split."""
     metas = []
     for path in paths:
-        with contextlib.suppress(TokenFileError):  # an unreadable sidecar: rebuild
-            if ((meta := read_sidecar(path)) is not None and meta.get("settings_fingerprint") == fingerprint
-                    and path.is_file() and path.stat().st_size == meta["file_size"]
-                    and (not sharded or (meta.get("shard") or {}).get("count") == len(paths))):  # fmt: skip
+        with contextlib.suppress(TokenFileError):  # an unreadable sidecar: rebuild (a shard: an unfinished one at worst)
+            meta = read_sidecar(path) or {}  # none: not up to date
+            if meta and split is not None and not (isinstance(meta.get("shard"), dict) and isinstance(meta.get("source"), dict)
+                                                   and meta["source"].get("split") == split):  # fmt: skip
+                raise ValueError(f"{str(path)!r} is not a shard of split {split!r} (its sidecar says otherwise), but has a shard's "
+                                 f"name; sharding {split!r} would replace or delete it. Move it, or choose another --out")  # fmt: skip
+            if (meta.get("settings_fingerprint") == fingerprint and path.is_file() and path.stat().st_size == meta["file_size"]
+                    and (split is None or meta["shard"].get("count") == len(paths))):  # fmt: skip
                 metas.append(meta)
     return metas if paths and len(metas) == len(paths) else None
 
 
-def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int | None) -> Iterator[Iterator[np.ndarray]]:
-    """Cut a stream of id chunks into shards: one iterator per shard, exactly shard_tokens ids each but the
-    last, which holds the rest (never empty); None: one stream of everything. Consume each before the next."""
-    if shard_tokens is None:
-        yield iter(chunks)
-        return
+def _shard_streams(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[Iterator[np.ndarray]]:
+    """One iterator per shard: exactly shard_tokens ids each but the last (the rest, never empty). Consume in order."""
     chunks = (chunk for chunk in chunks if len(chunk))
     head = next(chunks, None)  # ids read but not yet handed out
 
@@ -659,27 +627,13 @@ def _counting_documents(chunks: Iterable[np.ndarray], eot_id: int, bar: tqdm, st
         yield chunk
 
 
-def _check_no_foreign_shard_names(out: Path, name: str, layout: str) -> None:
-    """Refuse to shard split name over files with shard names that are not its shards (a split named train_000001's)."""
-    for path in _existing_shards(out, name, layout).values():
-        with contextlib.suppress(TokenFileError):  # unreadable: an unfinished shard at worst, rebuilt like one
-            meta = read_sidecar(path)
-            if meta is not None and not (isinstance(meta.get("shard"), dict) and
-                                         isinstance(meta.get("source"), dict) and meta["source"].get("split") == name):  # fmt: skip
-                raise ValueError(f"{str(path)!r} is not a shard of split {name!r} (its sidecar says otherwise), but has a "
-                                 f"shard's name; sharding {name!r} would replace or delete it. Move it, or choose another --out")  # fmt: skip
-
-
 def _publish(out: Path, split: TextSplit, staging: Path | None, written: list[tuple[Path, dict[str, Any], int]],
-             enc: tiktoken.Encoding, settings: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
+             settings: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
     """Swap staged shards in, if any (old sidecars first, then old extra shards), then write each file's sidecar."""
     if staging is not None:
-        old = _existing_shards(out, split.name, settings["layout"])
-        for stale in old.values():
-            sidecar_path(stale).unlink(missing_ok=True)
-        for index, stale in old.items():
-            if index >= len(written):  # left by an earlier run with smaller shards or more text
-                stale.unlink(missing_ok=True)
+        old = _existing_shards(out, split.name, settings["layout"])  # extra shards: an earlier run's, with more text
+        for stale in [sidecar_path(p) for p in old.values()] + [p for index, p in old.items() if index >= len(written)]:
+            stale.unlink(missing_ok=True)
         _fsync_dir(out)
         for path, _, _ in written:
             os.replace(staging / path.name, path)
@@ -712,9 +666,8 @@ def _result(name: str, path: Path, metas: list[dict[str, Any]], written: bool, s
 def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encoding, *, layout: str = "npy",
                   num_threads: int | None = None, chunk_docs: int = CHUNK_DOCS, force: bool = False,
                   progress: bool = True, shard_tokens: int | None = None, eot_placement: str = EOT_PLACEMENT) -> PreparedSplit:  # fmt: skip
-    """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists. With
-    shard_tokens, into <out>/<split>_000000.<layout>, ... of shard_tokens ids each (the last: the rest), written
-    into a staging folder, then swapped in: a run that fails or is killed before leaves the previous shards whole."""
+    """Tokenize one split into <out>/<split>.<layout> and its sidecar, unless an up-to-date copy exists. With shard_tokens,
+    into shard_path()s of shard_tokens ids each (the last: the rest), staged and swapped in only when all are written."""
     _, num_threads = _check_arguments(splits=split.name, layout=layout, num_threads=num_threads, chunk_docs=chunk_docs,
                                       shard_tokens=shard_tokens, eot_placement=eot_placement)  # fmt: skip
     out, dtype, sharded = Path(out), token_dtype(enc.n_vocab), shard_tokens is not None
@@ -726,10 +679,10 @@ def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encodi
     }  # fmt: skip
     path = out / ((f"{split.name}_{'[0-9]' * SHARD_DIGITS}" if sharded else split.name) + SUFFIXES[layout])
     existing = [p for _, p in sorted(_existing_shards(out, split.name, layout).items())] if sharded else [path]
-    if not force and (metas := _up_to_date(existing, settings_fingerprint(settings), sharded)) is not None:
-        return _result(split.name, path, metas, False, sharded)
-    if sharded:
-        _check_no_foreign_shard_names(out, split.name, layout)
+    if sharded or not force:  # sharded: even with force, another split's file with a shard's name is refused
+        metas = _up_to_date(existing, settings_fingerprint(settings), split.name if sharded else None)
+        if metas is not None and not force:
+            return _result(split.name, path, metas, False, sharded)
     out.mkdir(parents=True, exist_ok=True)
     staging = _new_temp(out / f"{split.name}_shards", folder=True)[0] if sharded else None  # .train_shards.tmp.<pid>.<hex>
     written: list[tuple[Path, dict[str, Any], int]] = []  # final path, stats, documents starting in it
@@ -739,13 +692,13 @@ def prepare_split(split: TextSplit, out: str | os.PathLike, enc: tiktoken.Encodi
         total = len(split.rows) if split.rows is not None else getattr(split.documents, "num_rows", None)
         bar = tqdm(total=total, desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
         with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails
-            for index, piece in enumerate(_shard_streams(chunks, shard_tokens)):
+            for index, piece in enumerate(_shard_streams(chunks, shard_tokens) if sharded else [chunks]):
                 final, starts = shard_path(out, split.name, index, layout) if sharded else path, []
                 stats = write_token_file(_counting_documents(piece, enc.eot_token, bar, starts),
                                          (staging or out) / final.name, dtype, layout)  # fmt: skip
                 written.append((final, stats, sum(starts)))
         with _signals_deferred():  # the swap and the sidecars: a Ctrl-C now waits until they are done
-            metas = _publish(out, split, staging, written, enc, settings)
+            metas = _publish(out, split, staging, written, settings)
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -761,10 +714,8 @@ def _default_out_dir(name: str, path: Path | None) -> Path:
 
 
 def _check_out_dir(out: Path, input_path: Path | None) -> None:
-    """Refuse an output folder that is a file, lies inside the input, or cannot be created or written."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"output folder {str(out)!r} is an existing file")
-    if input_path is not None and (out.resolve() == input_path.resolve() or input_path.resolve() in out.resolve().parents):
+    """Refuse an output folder that lies inside the input, is a file, or cannot be created or written."""
+    if input_path is not None and out.resolve().is_relative_to(input_path.resolve()):
         raise ValueError(f"output folder {str(out)!r} is inside the input dataset {str(input_path)!r}; choose another --out")
     existing = out
     while not existing.exists():
@@ -792,8 +743,7 @@ def prepare(dataset: str | os.PathLike | None = None, out: str | os.PathLike | N
     _check_out_dir(out, path)
     enc = gpt2_encoding() if encoding == ENCODING else tiktoken.get_encoding(encoding)
     text_splits = load_text_splits(dataset, column, names, val_fraction, seed)
-    out.mkdir(parents=True, exist_ok=True)
-    clean_stale_temp_files(out)
+    clean_stale_temp_files(out)  # prepare_split creates out
     return [prepare_split(text_splits[s], out, enc, layout=layout, num_threads=num_threads, chunk_docs=chunk_docs,
                           force=force, progress=progress, shard_tokens=shard_tokens, eot_placement=eot_placement)
             for s in names]  # fmt: skip
@@ -813,10 +763,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", dest="layout", choices=LAYOUTS, default="npy", help="npy (default), nanoGPT's raw .bin, or llm.c's .bin")
     p.add_argument("--num-threads", type=int, help=f"tokenizer threads (default: usable cores, here {_usable_cores()})")
     p.add_argument("--chunk-docs", type=int, default=CHUNK_DOCS, help=f"documents per thread task (default: {CHUNK_DOCS})")
-    p.add_argument("--shard-tokens", type=int, metavar="N", help="write each split as shards of N tokens "
-                   "(<split>_000000.npy, ...; the last holds the rest); default: one file per split")
-    p.add_argument("--eot", dest="eot_placement", choices=EOT_PLACEMENTS, default=EOT_PLACEMENT, help="end-of-text token "
-                   "before each document (default, as llm.c) or after it (nanoGPT: --format bin --eot append is its .bin)")
+    p.add_argument("--shard-tokens", type=int, metavar="N", help="write each split as shards of N tokens (the last: the rest)")
+    p.add_argument("--eot", dest="eot_placement", choices=EOT_PLACEMENTS, default=EOT_PLACEMENT,
+                   help="end-of-text token before each document (default, as llm.c) or after it (as nanoGPT)")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     return p  # fmt: skip
 
@@ -826,8 +775,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = vars(parser.parse_args(argv))
     try:  # prepare() checks them too: here a bad one is a usage error (exit status 2), before anything loads
-        _check_arguments(**{k: args[k] for k in ("splits", "val_fraction", "seed", "layout", "num_threads",
-                                                 "chunk_docs", "shard_tokens", "eot_placement")})  # fmt: skip
+        _check_arguments(**{k: v for k, v in args.items() if k in _check_arguments.__kwdefaults__})
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     previous = (signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # `kill` unwinds like Ctrl-C

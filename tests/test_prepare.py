@@ -854,7 +854,7 @@ def test_output_folder_checks(tmp_path):
     data = make_dataset(tmp_path / "in", DOCS, ["v"])
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
-    with pytest.raises(ValueError, match="is an existing file"):
+    with pytest.raises(ValueError, match=re.escape(f"cannot create output folder {str(a_file)!r}: {str(a_file)!r} is a file")):
         prepare(data, a_file)
     with pytest.raises(ValueError, match="is a file"):
         prepare(data, a_file / "sub")
