@@ -396,7 +396,7 @@ class NpyTokensDataset:
             if meta and named and meta["tokenizer"] != named[0][1]:
                 raise TokenFileError(f"{p!r} was tokenized with {meta['tokenizer']!r} but {named[0][0]!r} with "
                                      f"{named[0][1]!r}; the files of one dataset need one tokenizer")  # fmt: skip
-            self.dtype, (rows, row_len) = tokens.dtype.name, ((1, len(tokens)) if tokens.ndim == 1 else tokens.shape)
+            self.dtype, (rows, row_len) = tokens.dtype.name, np.atleast_2d(tokens).shape
             self.files.append(TokenFile(p, rows, row_len, tokens.offset, _identity(p), meta.get("sha256")))
             metas.append(meta)
         if repeated := sorted(p for p, k in Counter(map(os.path.realpath, self.paths)).items() if k > 1):
@@ -480,7 +480,7 @@ class NpyTokensDataset:
             if len(index) != 2:
                 raise TypeError(f"an index is an int or an (epoch, index) pair, got {index!r}")
             epoch, index = index
-            if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)):
+            if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
                 raise TypeError(f"epoch must be an int >= 0, got {type(epoch).__name__} {epoch!r}")
             if epoch < 0:
                 raise ValueError(f"epoch must be an int >= 0, got {epoch}")
