@@ -309,7 +309,7 @@ def _expand_paths(path: Any) -> list[str]:
         raise TypeError(f"path must be a token file, a non-empty list of them or a glob pattern, got {path!r}")
     if not any(ch in (text := os.fspath(path)) for ch in "*?[") or os.path.exists(text):
         return [text]
-    if not (found := sorted(p for p in glob.glob(text) if not p.endswith(".json"))):  # skip the sidecars
+    if not (found := sorted(p for p in glob.glob(text) if not p.endswith(".json"))):
         raise FileNotFoundError(f"no token file matches the pattern {text!r} (sidecars, *.json, are skipped)")
     return found
 
@@ -430,8 +430,7 @@ class NpyTokensDataset:
 
     def _mapped(self, f: int) -> tuple[np.memmap, np.ndarray]:
         """File f's memmap, and a read-only view whose row s is the window of tokens s .. s + seq_len. The file
-        is checked on every use (reading a mapped file truncated in place kills the process); the least
-        recently used map is closed at the open-file budget, and once more when mapping runs out of descriptors."""
+        is checked on every use: reading a mapped file truncated in place kills the process."""
         file = self.files[f]
         try:
             same = _identity(file.path) == file.identity
@@ -511,10 +510,9 @@ class NpyTokensDataset:
         return (x, y) if batch else (x[0], y[0])
 
     def __getitems__(self, indices: Sequence[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A batch's B samples, gathered in one pass (torch's DataLoader calls this for a batch of indices)."""
+        """A batch's B samples, gathered in one pass, when a DataLoader batches indices itself (make_dataloaders uses
+        ds[...]): a list from a BatchSampler, or (epoch, indices) from batch_sampler=EpochSampler(ds, batch_size=B)."""
         pair = isinstance(indices, tuple) and len(indices) == 2 and isinstance(indices[1], (list, np.ndarray))
-        # DataLoader calls this only when it batches indices itself: a list from torch's BatchSampler, or (epoch,
-        # indices) from DataLoader(ds, batch_sampler=EpochSampler(ds, batch_size=B)); make_dataloaders uses ds[...].
         epochs, keys, _ = self._keys(indices if pair else list(indices))
         return list(zip(*self._gather(epochs, keys)))
 
