@@ -309,7 +309,7 @@ def _expand_paths(path: Any) -> list[str]:
         raise TypeError(f"path must be a token file, a non-empty list of them or a glob pattern, got {path!r}")
     if not any(ch in (text := os.fspath(path)) for ch in "*?[") or os.path.exists(text):
         return [text]
-    if not (found := sorted(p for p in glob.glob(text) if not p.endswith(".json"))):  # skip the sidecars
+    if not (found := sorted(p for p in glob.glob(text) if not p.endswith(".json"))):
         raise FileNotFoundError(f"no token file matches the pattern {text!r} (sidecars, *.json, are skipped)")
     return found
 
@@ -322,11 +322,11 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(runs[:10]) + (", ..." if len(runs) > 10 else "")
 
 
-def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any] | None]) -> None:
+def _warn_incomplete_shards(paths: list[str], metas: list[dict[str, Any]]) -> None:
     """Warn when shards that the prep step wrote as one set are missing from paths, or repeated."""
     sets: dict[str, tuple[str, int, list[int]]] = {}  # settings fingerprint -> (first path, count, indices)
     for p, meta in zip(paths, metas):
-        shard, key = (meta or {}).get("shard"), (meta or {}).get("settings_fingerprint")  # no fingerprint: no known set
+        shard, key = meta.get("shard"), meta.get("settings_fingerprint")  # no fingerprint: no known set
         if isinstance(shard, dict) and isinstance(shard.get("index"), int) and isinstance(shard.get("count"), int) and key:
             sets.setdefault(str(key), (p, shard["count"], []))[2].append(shard["index"])
     for first, count, seen in sets.values():
@@ -386,18 +386,18 @@ class NpyTokensDataset:
         if num_samples is not None and mode != "random":
             raise ValueError('num_samples applies to mode="random" only; mode="windows" has exactly one window per slot')
         self.mode, self.epoch_offset, self.paths, self.files = mode, epoch_offset, _expand_paths(path), []
-        metas: list[dict[str, Any] | None] = []
+        metas: list[dict[str, Any]] = []  # {} for a file without a sidecar
         for p in self.paths:  # check every file now: a bad shard fails here, not mid-run
-            tokens, meta = open_tokens(p, dtype, vocab_size=vocab_size, verify=verify), read_sidecar(p)
+            tokens, meta = open_tokens(p, dtype, vocab_size=vocab_size, verify=verify), read_sidecar(p) or {}
             if self.files and tokens.dtype.name != self.dtype:
                 raise TokenFileError(f"{p!r} holds {tokens.dtype.name} but {self.paths[0]!r} holds {self.dtype}; "
                                      "the files of one dataset need one dtype")  # fmt: skip
-            named = [(q, m["tokenizer"]) for q, m in zip(self.paths, metas) if m is not None][:1]
-            if meta is not None and named and meta["tokenizer"] != named[0][1]:  # ids of two tokenizers: never mixed
+            named = [(q, m["tokenizer"]) for q, m in zip(self.paths, metas) if m][:1]
+            if meta and named and meta["tokenizer"] != named[0][1]:
                 raise TokenFileError(f"{p!r} was tokenized with {meta['tokenizer']!r} but {named[0][0]!r} with "
                                      f"{named[0][1]!r}; the files of one dataset need one tokenizer")  # fmt: skip
-            self.dtype, (rows, row_len) = tokens.dtype.name, ((1, len(tokens)) if tokens.ndim == 1 else tokens.shape)
-            self.files.append(TokenFile(p, rows, row_len, tokens.offset, _identity(p), (meta or {}).get("sha256")))
+            self.dtype, (rows, row_len) = tokens.dtype.name, np.atleast_2d(tokens).shape
+            self.files.append(TokenFile(p, rows, row_len, tokens.offset, _identity(p), meta.get("sha256")))
             metas.append(meta)
         if repeated := sorted(p for p, k in Counter(map(os.path.realpath, self.paths)).items() if k > 1):
             warnings.warn(f"{repeated[0]!r} is given more than once (its windows repeat every epoch)", stacklevel=2)
@@ -430,8 +430,7 @@ class NpyTokensDataset:
 
     def _mapped(self, f: int) -> tuple[np.memmap, np.ndarray]:
         """File f's memmap, and a read-only view whose row s is the window of tokens s .. s + seq_len. The file
-        is checked on every use (reading a mapped file truncated in place kills the process); the least
-        recently used map is closed at the open-file budget, and once more when mapping runs out of descriptors."""
+        is checked on every use: reading a mapped file truncated in place kills the process."""
         file = self.files[f]
         try:
             same = _identity(file.path) == file.identity
@@ -480,7 +479,7 @@ class NpyTokensDataset:
             if len(index) != 2:
                 raise TypeError(f"an index is an int or an (epoch, index) pair, got {index!r}")
             epoch, index = index
-            if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)):
+            if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
                 raise TypeError(f"epoch must be an int >= 0, got {type(epoch).__name__} {epoch!r}")
             if epoch < 0:
                 raise ValueError(f"epoch must be an int >= 0, got {epoch}")
@@ -511,10 +510,9 @@ class NpyTokensDataset:
         return (x, y) if batch else (x[0], y[0])
 
     def __getitems__(self, indices: Sequence[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A batch's B samples, gathered in one pass (torch's DataLoader calls this for a batch of indices)."""
+        """A batch's B samples, gathered in one pass, when a DataLoader batches indices itself (make_dataloaders uses
+        ds[...]): a list from a BatchSampler, or (epoch, indices) from batch_sampler=EpochSampler(ds, batch_size=B)."""
         pair = isinstance(indices, tuple) and len(indices) == 2 and isinstance(indices[1], (list, np.ndarray))
-        # DataLoader calls this only when it batches indices itself: a list from torch's BatchSampler, or (epoch,
-        # indices) from DataLoader(ds, batch_sampler=EpochSampler(ds, batch_size=B)); make_dataloaders uses ds[...].
         epochs, keys, _ = self._keys(indices if pair else list(indices))
         return list(zip(*self._gather(epochs, keys)))
 
