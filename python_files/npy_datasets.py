@@ -474,7 +474,7 @@ class NpyTokensDataset:
     def _keys(self, index: Any) -> tuple[int | np.ndarray, np.ndarray, bool]:
         """(epochs, indices, is a batch) of a request, checked: epochs one int for all or one per index;
         indices int64 in [0, num_samples), a negative one counted from the end."""
-        epoch, n = 0, self.num_samples
+        epoch, n, pairs = 0, self.num_samples, not isinstance(index, tuple)  # pairs: a list without an epoch
         if isinstance(index, tuple):
             if len(index) != 2:
                 raise TypeError(f"an index is an int or an (epoch, index) pair, got {index!r}")
@@ -489,7 +489,7 @@ class NpyTokensDataset:
         if isinstance(index, np.ndarray) and index.dtype != np.uint64:  # uint64: checked one by one below, exactly
             if len(indices := index.astype(np.int64, copy=False)) and 0 <= indices.min() and indices.max() < n:
                 return int(epoch), indices, batch  # EpochSampler's batches: nothing to check further
-        elif isinstance(index, list) and index and not epoch and isinstance(index[0], tuple):  # (epoch, index) pairs
+        elif pairs and isinstance(index, list) and index and isinstance(index[0], tuple):  # (epoch, index) pairs
             keys = [self._keys(k) for k in index]
             if bad := [k for k, key in zip(index, keys) if not isinstance(k, tuple) or key[2]]:
                 raise TypeError(f"a list of (epoch, index) pairs holds (epoch, int) pairs only, got {bad[0]!r:.80}")

@@ -515,6 +515,8 @@ def test_index_arrays_must_be_1d_integers_and_a_list_of_pairs_holds_epoch_int_pa
     for pairs, bad in (([(0, 1), (0, [1, 2])], r"\(0, \[1, 2\]\)"), ([(0, 1), 5], "5")):
         with pytest.raises(TypeError, match=rf"a list of \(epoch, index\) pairs holds \(epoch, int\) pairs only, got {bad}$"):
             ds[pairs]
+    with pytest.raises(TypeError, match=r"index must be an int or an \(epoch, index\) pair, got tuple \(1, 2\)"):
+        ds[0, [(1, 2)]]  # an epoch and pairs with epochs of their own: refused, not read as epoch 1
 
 
 def test_getitems_reads_a_tuple_of_ints_as_indices_and_takes_an_epoch_sampler_as_batch_sampler(arange_file):
