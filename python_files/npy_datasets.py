@@ -599,7 +599,7 @@ class EpochSampler:
         self.epoch, self._start = 0, 0  # the next pass: its epoch, and where in that epoch's order it begins
         if len(self) == 0:  # drop_last with a share smaller than one batch: an epoch would train on nothing
             raise ValueError(f"batch_size={self.batch_size} with drop_last=True leaves no batch: each of the "
-                             f"{self.world_size} rank(s) gets {self._items(0, whole=False)} of the {self.num_samples} "
+                             f"{self.world_size} rank(s) gets {self._items(0)} of the {self.num_samples} "
                              "windows; use a smaller batch_size, fewer ranks, a shorter seq_len or drop_last=False")  # fmt: skip
         self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
         self._pass: tuple[int, int, int] | None = None  # the latest pass: epoch, start, items it hands out
@@ -627,15 +627,15 @@ class EpochSampler:
                              "call set_epoch(sampler.epoch), or start the loop's epoch count there")  # fmt: skip
         self.epoch, self._start, self._pass = _check_int("epoch", epoch, 0), self._start if self._resuming else 0, None
 
-    def _items(self, start: int, whole: bool = True) -> int:
-        """Items this rank gets from position `start` of an epoch's order (whole batches with drop_last)."""
+    def _items(self, start: int) -> int:
+        """Items this rank gets from position `start` of an epoch's order, before drop_last."""
         left = self.num_samples - start
-        items = left // self.world_size if self.remainder == "drop" else -(-left // self.world_size)
-        return items - items % self.batch_size if whole and self.batch_size and self.drop_last else items
+        return left // self.world_size if self.remainder == "drop" else -(-left // self.world_size)
 
     def __len__(self) -> int:
         """Items (batches, with batch_size) of the next pass: fewer when it resumes an epoch part-way."""
-        return self._items(self._start) if self.batch_size is None else -(-self._items(self._start) // self.batch_size)
+        items, step = self._items(self._start), self.batch_size or 1
+        return items // step if self.drop_last else -(-items // step)
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
         """This rank's indices of `epoch`, from position `start` of the epoch's order on."""
@@ -649,11 +649,10 @@ class EpochSampler:
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         # A generator: nothing happens until the first item is asked for, so an iterator made and dropped unused
         # does not use up an epoch (DataLoader workers ask for items as soon as their iterator is made).
-        epoch, start = self.epoch, self._start
+        epoch, start, step = self.epoch, self._start, self.batch_size or 1
+        mine = self.order(epoch, start)[: len(self) * step]  # with drop_last, whole batches only
         self.epoch, self._start = epoch + 1, 0
-        mine = self.order(epoch, start)[: self._items(start)]
         self._pass, self._handed, self._resuming = (epoch, start, len(mine)), 0, False
-        step = self.batch_size or 1
         for lo in range(0, len(mine), step):
             self._handed = min(lo + step, len(mine))
             yield (epoch, int(mine[lo])) if self.batch_size is None else (epoch, mine[lo : lo + step])
