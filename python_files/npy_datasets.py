@@ -621,11 +621,11 @@ class EpochSampler:
         """The next pass is epoch `epoch`, from its start. Right after load_state_dict(), only the loaded epoch is
         allowed, and it keeps the loaded position: a loop that calls set_epoch(e) before each epoch, as
         DistributedSampler wants, resumes exactly, and one that would replay or skip an epoch is stopped."""
-        if self._resuming and _check_int("epoch", epoch, 0) != self.epoch:
+        if (epoch := _check_int("epoch", epoch, 0)) != self.epoch and self._resuming:
             raise ValueError(f"set_epoch({epoch}) right after load_state_dict(), whose state continues epoch {self.epoch} at "
                              f"position {self._start}: that would {'replay' if epoch < self.epoch else 'skip'} data; "
                              "call set_epoch(sampler.epoch), or start the loop's epoch count there")  # fmt: skip
-        self.epoch, self._start, self._pass = _check_int("epoch", epoch, 0), self._start if self._resuming else 0, None
+        self.epoch, self._start, self._pass = epoch, self._start if self._resuming else 0, None
 
     def _items(self, start: int) -> int:
         """Items this rank gets from position `start` of an epoch's order, before drop_last."""
@@ -665,7 +665,7 @@ class EpochSampler:
         accumulation). Left out: what the sampler handed out, the same without DataLoader workers; workers
         fetch ahead, so with them pass it. numpy draws the orders: pin it for exact resumes across upgrades."""
         epoch, start, total = self._pass or (self.epoch, self._start, 0)
-        items, step = self._handed if self._pass else 0, self.batch_size or 1
+        items, step = self._handed, self.batch_size or 1  # without a pass, total is 0: a stale count adds nothing
         if consumed is not None:
             if _check_int("consumed", consumed, 0) and not self._pass:
                 raise ValueError(f"consumed={consumed}, but no pass over this sampler has started")
@@ -674,7 +674,7 @@ class EpochSampler:
                                  "batches; count the batches of the current pass (enumerate(loader, 1)), not a global step")  # fmt: skip
             items = consumed * step
         position = start + min(items, total) * self.world_size
-        if self._pass and (items >= total or position >= self.num_samples):
+        if self._pass and items >= total:
             epoch, position = epoch + 1, 0
         return {"format": SAMPLER_STATE_FORMAT, "version": 1, "epoch": epoch, "position": position,
                 "dataset": self._fingerprint, "num_samples": self.num_samples, "shuffle": self.shuffle, "seed": self.seed}  # fmt: skip
