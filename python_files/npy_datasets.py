@@ -757,9 +757,9 @@ def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     mine = torch.frombuffer(bytearray(json.dumps(settings).encode()), dtype=torch.uint8).to(device)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
     dist.all_gather(sizes, torch.tensor([len(mine)], device=device), group=group)
-    bufs = [torch.zeros(int(max(sizes).item()), dtype=torch.uint8, device=device) for _ in sizes]
+    bufs = [torch.zeros(int(max(sizes)), dtype=torch.uint8, device=device) for _ in sizes]
     dist.all_gather(bufs, torch.cat((mine, bufs[0][len(mine) :])), group=group)  # tensors only: nothing is pickled
-    seen = [json.loads(bytes(b[: int(s.item())].cpu().tolist())) for b, s in zip(bufs, sizes)]
+    seen = [json.loads(bytes(b[: int(s)].cpu().tolist())) for b, s in zip(bufs, sizes)]
     for r, theirs in enumerate(seen):
         if found := _first_difference(seen[0], theirs):
             raise RuntimeError(f"rank {r} differs from rank 0: {found[0]} is {found[1]!r:.120} on rank 0, {found[2]!r:.120} on rank {r}")
