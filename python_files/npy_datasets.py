@@ -598,8 +598,9 @@ class EpochSampler:
                              "rank would get one; use remainder=\"pad\", fewer ranks or a shorter seq_len")  # fmt: skip
         self.epoch, self._start = 0, 0  # the next pass: its epoch, and where in that epoch's order it begins
         if len(self) == 0:  # drop_last with a share smaller than one batch: an epoch would train on nothing
+            share = (self.num_samples + self.padded) // self.world_size
             raise ValueError(f"batch_size={self.batch_size} with drop_last=True leaves no batch: each of the "
-                             f"{self.world_size} rank(s) gets {self._items(0)} of the {self.num_samples} "
+                             f"{self.world_size} rank(s) gets {share} of the {self.num_samples} "
                              "windows; use a smaller batch_size, fewer ranks, a shorter seq_len or drop_last=False")  # fmt: skip
         self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
         self._pass: tuple[int, int, int] | None = None  # the latest pass: epoch, start, items it hands out
@@ -627,14 +628,10 @@ class EpochSampler:
                              "call set_epoch(sampler.epoch), or start the loop's epoch count there")  # fmt: skip
         self.epoch, self._start, self._pass = epoch, self._start if self._resuming else 0, None
 
-    def _items(self, start: int) -> int:
-        """Items this rank gets from position `start` of an epoch's order, before drop_last."""
-        left = self.num_samples - start
-        return left // self.world_size if self.remainder == "drop" else -(-left // self.world_size)
-
     def __len__(self) -> int:
         """Items (batches, with batch_size) of the next pass: fewer when it resumes an epoch part-way."""
-        items, step = self._items(self._start), self.batch_size or 1
+        left, step = self.num_samples - self._start, self.batch_size or 1
+        items = left // self.world_size if self.remainder == "drop" else -(-left // self.world_size)
         return items // step if self.drop_last else -(-items // step)
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
