@@ -596,8 +596,9 @@ class EpochSampler:
                              "rank would get one; use remainder=\"pad\", fewer ranks or a shorter seq_len")  # fmt: skip
         self.epoch, self._start = 0, 0  # the next pass: its epoch, and where in that epoch's order it begins
         if len(self) == 0:  # drop_last with a share smaller than one batch: an epoch would train on nothing
+            share = (self.num_samples + self.padded) // self.world_size
             raise ValueError(f"batch_size={self.batch_size} with drop_last=True leaves no batch: each of the "
-                             f"{self.world_size} rank(s) gets {self._items(0, whole=False)} of the {self.num_samples} "
+                             f"{self.world_size} rank(s) gets {share} of the {self.num_samples} "
                              "windows; use a smaller batch_size, fewer ranks, a shorter seq_len or drop_last=False")  # fmt: skip
         self._fingerprint = data_source.fingerprint() if hasattr(data_source, "fingerprint") else None
         self._pass: tuple[int, int, int] | None = None  # the latest pass: epoch, start, items it hands out
@@ -619,21 +620,17 @@ class EpochSampler:
         """The next pass is epoch `epoch`, from its start. Right after load_state_dict(), only the loaded epoch is
         allowed, and it keeps the loaded position: a loop that calls set_epoch(e) before each epoch, as
         DistributedSampler wants, resumes exactly, and one that would replay or skip an epoch is stopped."""
-        if self._resuming and _check_int("epoch", epoch, 0) != self.epoch:
+        if (epoch := _check_int("epoch", epoch, 0)) != self.epoch and self._resuming:
             raise ValueError(f"set_epoch({epoch}) right after load_state_dict(), whose state continues epoch {self.epoch} at "
                              f"position {self._start}: that would {'replay' if epoch < self.epoch else 'skip'} data; "
                              "call set_epoch(sampler.epoch), or start the loop's epoch count there")  # fmt: skip
-        self.epoch, self._start, self._pass = _check_int("epoch", epoch, 0), self._start if self._resuming else 0, None
-
-    def _items(self, start: int, whole: bool = True) -> int:
-        """Items this rank gets from position `start` of an epoch's order (whole batches with drop_last)."""
-        left = self.num_samples - start
-        items = left // self.world_size if self.remainder == "drop" else -(-left // self.world_size)
-        return items - items % self.batch_size if whole and self.batch_size and self.drop_last else items
+        self.epoch, self._start, self._pass = epoch, self._start if self._resuming else 0, None
 
     def __len__(self) -> int:
         """Items (batches, with batch_size) of the next pass: fewer when it resumes an epoch part-way."""
-        return self._items(self._start) if self.batch_size is None else -(-self._items(self._start) // self.batch_size)
+        left, step = self.num_samples - self._start, self.batch_size or 1
+        items = left // self.world_size if self.remainder == "drop" else -(-left // self.world_size)
+        return items // step if self.drop_last else -(-items // step)
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
         """This rank's indices of `epoch`, from position `start` of the epoch's order on."""
@@ -647,11 +644,10 @@ class EpochSampler:
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         # A generator: nothing happens until the first item is asked for, so an iterator made and dropped unused
         # does not use up an epoch (DataLoader workers ask for items as soon as their iterator is made).
-        epoch, start = self.epoch, self._start
+        epoch, start, step = self.epoch, self._start, self.batch_size or 1
+        mine = self.order(epoch, start)[: len(self) * step]  # with drop_last, whole batches only
         self.epoch, self._start = epoch + 1, 0
-        mine = self.order(epoch, start)[: self._items(start)]
         self._pass, self._handed, self._resuming = (epoch, start, len(mine)), 0, False
-        step = self.batch_size or 1
         for lo in range(0, len(mine), step):
             self._handed = min(lo + step, len(mine))
             yield (epoch, int(mine[lo])) if self.batch_size is None else (epoch, mine[lo : lo + step])
@@ -664,7 +660,7 @@ class EpochSampler:
         accumulation). Left out: what the sampler handed out, the same without DataLoader workers; workers
         fetch ahead, so with them pass it. numpy draws the orders: pin it for exact resumes across upgrades."""
         epoch, start, total = self._pass or (self.epoch, self._start, 0)
-        items, step = self._handed if self._pass else 0, self.batch_size or 1
+        items, step = self._handed, self.batch_size or 1  # without a pass, total is 0: a stale count adds nothing
         if consumed is not None:
             if _check_int("consumed", consumed, 0) and not self._pass:
                 raise ValueError(f"consumed={consumed}, but no pass over this sampler has started")
@@ -673,7 +669,7 @@ class EpochSampler:
                                  "batches; count the batches of the current pass (enumerate(loader, 1)), not a global step")  # fmt: skip
             items = consumed * step
         position = start + min(items, total) * self.world_size
-        if self._pass and (items >= total or position >= self.num_samples):
+        if self._pass and items >= total:
             epoch, position = epoch + 1, 0
         return {"format": SAMPLER_STATE_FORMAT, "version": 1, "epoch": epoch, "position": position,
                 "dataset": self._fingerprint, "num_samples": self.num_samples, "shuffle": self.shuffle, "seed": self.seed}  # fmt: skip
@@ -756,9 +752,9 @@ def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     mine = torch.frombuffer(bytearray(json.dumps(settings).encode()), dtype=torch.uint8).to(device)
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
     dist.all_gather(sizes, torch.tensor([len(mine)], device=device), group=group)
-    bufs = [torch.zeros(int(max(sizes).item()), dtype=torch.uint8, device=device) for _ in sizes]
+    bufs = [torch.zeros(int(max(sizes)), dtype=torch.uint8, device=device) for _ in sizes]
     dist.all_gather(bufs, torch.cat((mine, bufs[0][len(mine) :])), group=group)  # tensors only: nothing is pickled
-    seen = [json.loads(bytes(b[: int(s.item())].cpu().tolist())) for b, s in zip(bufs, sizes)]
+    seen = [json.loads(bytes(b[: int(s)].cpu().tolist())) for b, s in zip(bufs, sizes)]
     for r, theirs in enumerate(seen):
         if found := _first_difference(seen[0], theirs):
             raise RuntimeError(f"rank {r} differs from rank 0: {found[0]} is {found[1]!r:.120} on rank 0, {found[2]!r:.120} on rank {r}")
