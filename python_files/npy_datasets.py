@@ -662,7 +662,7 @@ class EpochSampler:
         epoch, start, total = self._pass or (self.epoch, self._start, 0)
         items, step = self._handed, self.batch_size or 1  # without a pass, total is 0: a stale count adds nothing
         if consumed is not None:
-            if _check_int("consumed", consumed, 0) and not self._pass:
+            if (consumed := _check_int("consumed", consumed, 0)) and not self._pass:
                 raise ValueError(f"consumed={consumed}, but no pass over this sampler has started")
             if consumed > (handed := -(-items // step)):  # the loop cannot have received more than was handed out
                 raise ValueError(f"consumed={consumed}, but the latest pass has handed out only {handed} of its {-(-total // step)} "

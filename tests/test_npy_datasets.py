@@ -587,6 +587,7 @@ def test_consumed_cannot_exceed_the_batches_handed_out(arange_file):
     batches = iter(sampler)
     [next(batches) for _ in range(3)]
     assert sampler.state_dict(consumed=3)["position"] == 12
+    assert json.dumps(sampler.state_dict(consumed=np.int64(3))) == json.dumps(sampler.state_dict(consumed=3))  # a numpy step
     with pytest.raises(ValueError, match=r"consumed=4, but the latest pass has handed out only 3 of its 6 batches"):
         sampler.state_dict(consumed=4)  # a global step after a resume, say: it would skip a batch silently
 
