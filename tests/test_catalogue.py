@@ -974,8 +974,8 @@ def test_item_46_no_pinning_and_no_warning_without_a_gpu(arange_file):
     assert train.pin_memory is False and val.pin_memory is False and not batch[0].is_pinned()
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="counts open files through Linux's /proc")
@@ -988,7 +988,7 @@ def test_item_47_no_file_opened_per_window(tmp_path):
         ds[i]
     for start in range(0, len(ds) - 64, 64):
         ds[list(range(start, start + 64))]
-    assert _open_fds() == fds
+    assert _open_fds() <= fds  # none opened (an earlier test's may close meanwhile, when garbage is collected)
     mappings = [line for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(str(path))]
     assert len(mappings) == 1  # one mapping, made once
 
