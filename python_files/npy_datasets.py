@@ -189,7 +189,7 @@ def read_sidecar(path: str | os.PathLike) -> dict[str, Any] | None:
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f"sidecar {str(side)!r}: expected an object with \"format\": \"npy-tokens\"")
     for key, typ in SIDECAR_FIELDS.items():
-        if not isinstance(meta.get(key), typ) or isinstance(meta.get(key), bool):
+        if type(meta.get(key)) is not typ:  # exact types: a JSON true is not an int
             raise TokenFileError(f"sidecar {str(side)!r}: field {key!r} should be {typ.__name__}, found {meta.get(key)!r}")
     if not 1 <= (version := meta["format_version"]) <= FORMAT_VERSION:
         why = "is not a version (1, 2, ...)" if version < 1 else f"is newer than this module's {FORMAT_VERSION}; update npy_datasets.py"
