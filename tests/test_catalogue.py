@@ -697,6 +697,8 @@ def test_item_22_inconsistent_sidecar(tmp_path):
         refused(path, TOKEN_FILE_ERROR, f"{field} {value} is outside the vocabulary (n_vocab 50257)")
     path = write_tokens(tmp_path / "type.npy", tokens, n_tokens="1000")
     refused(path, TOKEN_FILE_ERROR, "field 'n_tokens' should be int, found '1000'")
+    path = write_tokens(tmp_path / "bool.npy", tokens, eot_id=True)  # isinstance(True, int) holds
+    refused(path, TOKEN_FILE_ERROR, "field 'eot_id' should be int, found True")
     path = write_tokens(tmp_path / "new.npy", tokens, format_version=99)
     refused(path, TOKEN_FILE_ERROR, "format_version 99 is newer than this module's 1")
     path = write_tokens(tmp_path / "deep.npy", tokens)
