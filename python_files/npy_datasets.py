@@ -250,7 +250,12 @@ def open_tokens(path: str | os.PathLike, dtype: Any = None, *, vocab_size: int |
     first bytes: .npy, an llm.c shard, or else raw ids such as nanoGPT's train.bin (dtype= where no sidecar
     says it). vocab_size refuses an id at or past it: the sidecar's max_token_id, or without a sidecar one scan.
     verify=True also checks the file's sha256 against the sidecar's (a whole read)."""
-    _file_size(path := Path(path))  # a missing, empty or irregular file is refused before its sidecar is read
+    return _open_checked(Path(path), dtype, vocab_size, verify)[0]
+
+
+def _open_checked(path: Path, dtype: Any, vocab_size: int | None, verify: bool) -> tuple[np.memmap, dict[str, Any]]:
+    """open_tokens, also returning the sidecar it checked the file against ({} without one): read once."""
+    _file_size(path)  # a missing, empty or irregular file is refused before its sidecar is read
     meta = read_sidecar(path)
     found, side = _file_layout(path, dtype, meta), str(sidecar_path(path))
     if meta is None and verify:
@@ -277,7 +282,7 @@ def open_tokens(path: str | os.PathLike, dtype: Any = None, *, vocab_size: int |
         top = meta["max_token_id"] if meta is not None else int(tokens.max())  # the sidecar's word, or one scan
         if top >= vocab_size:
             raise TokenFileError(f"{str(path)!r}: ids up to {top} may not fit vocab_size={vocab_size}")
-    return tokens
+    return tokens, meta or {}
 
 
 # ---- 2. The dataset: windows, and one batched gather -------------------------------------------
@@ -388,7 +393,7 @@ class NpyTokensDataset:
         self.mode, self.epoch_offset, self.paths, self.files = mode, epoch_offset, _expand_paths(path), []
         metas: list[dict[str, Any]] = []  # {} for a file without a sidecar
         for p in self.paths:  # check every file now: a bad shard fails here, not mid-run
-            tokens, meta = open_tokens(p, dtype, vocab_size=vocab_size, verify=verify), read_sidecar(p) or {}
+            tokens, meta = _open_checked(Path(p), dtype, vocab_size, verify)
             if self.files and tokens.dtype.name != self.dtype:
                 raise TokenFileError(f"{p!r} holds {tokens.dtype.name} but {self.paths[0]!r} holds {self.dtype}; "
                                      "the files of one dataset need one dtype")  # fmt: skip

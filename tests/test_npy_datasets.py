@@ -640,3 +640,12 @@ def test_shard_ranges_name_every_index_once_in_runs(indices):
     assert all(int(b[0]) > int(a[-1]) + 1 for a, b in zip(runs, runs[1:]))  # runs are maximal, in order
     assert named == sorted(indices)[: len(named)] and len(runs) <= 10
     assert text.endswith(", ...") == (len(named) < len(indices))
+
+
+def test_a_dataset_reads_each_sidecar_once(arange_file, monkeypatch):
+    paths = [arange_file(100, name=f"part_{i}.npy") for i in range(3)]
+    read = []
+    monkeypatch.setattr(nd, "read_sidecar", lambda p, real=nd.read_sidecar: read.append(Path(p).name) or real(p))
+    ds = nd.NpyTokensDataset(paths, 8)
+    assert sorted(read) == ["part_0.npy", "part_1.npy", "part_2.npy"]  # the one it checked the file against
+    assert [f.sha256 for f in ds.files] == [nd.read_sidecar(p)["sha256"] for p in paths]
