@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python_files"))
-import npy_datasets as nd  # noqa: E402  (the module under test)
+import npy_datasets as nd  # noqa: E402 (after the sys.path line above: the module under test)
 
 OLD_COMMIT = "291319a"  # the module before the redesign of issue 11
 CONFIGS = ((12, 512), (12, 1024), (64, 2048))
@@ -51,8 +51,12 @@ def token_file(n_tokens: int) -> Path:
 def old_module() -> Any | None:
     """npy_datasets.py as of OLD_COMMIT, imported as old_npy_datasets; None where git cannot give it."""
     try:
-        source = subprocess.run(["git", "-C", str(ROOT), "show", f"{OLD_COMMIT}:python_files/npy_datasets.py"],
-                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+        source = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{OLD_COMMIT}:python_files/npy_datasets.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         print(f"old module: not available ({e}); its rows are left out")
         return None
@@ -104,16 +108,26 @@ def entries(path: Path, B: int, T: int, old: Any | None) -> dict[str, Callable[[
     found = {
         "nanogpt_get_batch": nanogpt,
         "floor": floor,
-        "new make_dataloaders w0": endless(lambda: nd.make_dataloaders(new, new, B)[0], lambda b: nd.to_device(b, "cpu")),
-        "new dataset, no DataLoader": endless(lambda: nd.EpochSampler(new, batch_size=B, drop_last=True), new.__getitem__),
-        "new make_dataloaders w2": endless(lambda: nd.make_dataloaders(new, new, B, num_workers=2)[0]),
+        "new make_dataloaders w0": endless(
+            lambda: nd.make_dataloaders(new, new, B)[0], lambda b: nd.to_device(b, "cpu")
+        ),
+        "new dataset, no DataLoader": endless(
+            lambda: nd.EpochSampler(new, batch_size=B, drop_last=True), new.__getitem__
+        ),
+        "new make_dataloaders w2": endless(
+            lambda: nd.make_dataloaders(new, new, B, num_workers=2)[0]
+        ),
         "new random mode w0": endless(lambda: nd.make_dataloaders(rand, rand, B)[0]),
-        "new plain DataLoader w0": endless(lambda: DataLoader(new, batch_size=B, shuffle=True, drop_last=True)),
+        "new plain DataLoader w0": endless(
+            lambda: DataLoader(new, batch_size=B, shuffle=True, drop_last=True)
+        ),
     }
     if old is not None:
         before = old.NpyTokensDataset(path, T)
-        found["old make_dataloaders w0"] = endless(lambda: old.make_dataloaders(before, before, B, num_workers=0)[0],
-                                                   lambda b: old.to_device(b, "cpu"))  # fmt: skip
+        found["old make_dataloaders w0"] = endless(
+            lambda: old.make_dataloaders(before, before, B, num_workers=0)[0],
+            lambda b: old.to_device(b, "cpu"),
+        )
     return found
 
 
@@ -121,7 +135,9 @@ def per_batch(next_batch: Callable[[], Any], B: int, T: int, seconds: float) -> 
     """Microseconds per batch over a time box, after a warm-up; checks every batch's shape."""
     for _ in range(20):
         x, y = next_batch()
-    assert x.shape == y.shape == (B, T) and x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+    assert (
+        x.shape == y.shape == (B, T) and x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+    )
     count, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
         x, y = next_batch()
@@ -134,8 +150,15 @@ def gpu_transfer(B: int, T: int, iters: int = 200) -> None:
     compact = torch.randint(0, 50257, (B, T + 1), dtype=torch.int32).to(torch.uint16).pin_memory()
     wide = compact.to(torch.int64)
     x64, y64 = wide[:, :-1].contiguous().pin_memory(), wide[:, 1:].contiguous().pin_memory()
-    paths = {"int64 pinned, non_blocking": lambda: (x64.to("cuda", non_blocking=True), y64.to("cuda", non_blocking=True)),
-             "uint16 copied, widened on the GPU": lambda: compact.to("cuda", non_blocking=True).to(torch.int64)}  # fmt: skip
+    paths = {
+        "int64 pinned, non_blocking": lambda: (
+            x64.to("cuda", non_blocking=True),
+            y64.to("cuda", non_blocking=True),
+        ),
+        "uint16 copied, widened on the GPU": lambda: compact.to("cuda", non_blocking=True).to(
+            torch.int64
+        ),
+    }
     for name, move in paths.items():
         for _ in range(10):
             move()
@@ -161,24 +184,42 @@ def shard_cap(repeats: int, seconds: float) -> None:
             for cap in (64, default):
                 nd.MAX_OPEN_FILES, ds = cap, nd.NpyTokensDataset(paths[:n], 1024)
                 sampler = nd.EpochSampler(ds, batch_size=32, drop_last=True)
-                times.setdefault((n, cap), []).append(per_batch(endless(lambda: sampler, ds.__getitem__), 32, 1024, seconds))
+                times.setdefault((n, cap), []).append(
+                    per_batch(endless(lambda: sampler, ds.__getitem__), 32, 1024, seconds)
+                )
     nd.MAX_OPEN_FILES = default
     for (n, cap), t in times.items():
         print(f"  {n} shards, MAX_OPEN_FILES={cap}: {statistics.median(t):.1f} us/batch")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a 10M-token file and short time boxes")
-    parser.add_argument("--gpu", action="store_true", help="also time the two host-to-device copies")
-    parser.add_argument("--shards", action="store_true", help="also time 200 shuffled shards, MAX_OPEN_FILES 64 vs default")
-    parser.add_argument("--repeats", type=int, default=None, help="turns per entry (default 5, quick 2)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a 10M-token file and short time boxes"
+    )
+    parser.add_argument(
+        "--gpu", action="store_true", help="also time the two host-to-device copies"
+    )
+    parser.add_argument(
+        "--shards",
+        action="store_true",
+        help="also time 200 shuffled shards, MAX_OPEN_FILES 64 vs default",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="turns per entry (default 5, quick 2)"
+    )
     args = parser.parse_args()
     path = token_file(10_000_000 if args.quick else 100_000_000)
     repeats, seconds = args.repeats or (2 if args.quick else 5), 0.5 if args.quick else 2.0
     old = old_module()
-    print(f"torch {torch.__version__}, numpy {np.__version__}, {path.name}, {repeats} turns of {seconds} s each")
-    print(f"{'entry':<26} {'B':>3} {'T':>5} {'us/batch':>9} {'Mtok/s':>7} {'x nanogpt':>9} {'x floor':>8}")
+    print(
+        f"torch {torch.__version__}, numpy {np.__version__}, {path.name}, {repeats} turns of {seconds} s each"
+    )
+    print(
+        f"{'entry':<26} {'B':>3} {'T':>5} {'us/batch':>9} {'Mtok/s':>7} {'x nanogpt':>9} {'x floor':>8}"
+    )
     for B, T in CONFIGS:
         found = entries(path, B, T, old)
         times: dict[str, list[float]] = {name: [] for name in found}
@@ -187,13 +228,20 @@ def main() -> None:
                 times[name].append(per_batch(next_batch, B, T, seconds))
         median = {name: statistics.median(t) for name, t in times.items()}
         for name, us in median.items():
-            print(f"{name:<26} {B:>3} {T:>5} {us:>9.1f} {B * T / us:>7.1f} {median['nanogpt_get_batch'] / us:>9.2f} "
-                  f"{median['floor'] / us:>8.2f}")  # fmt: skip
+            print(
+                f"{name:<26} {B:>3} {T:>5} {us:>9.1f} {B * T / us:>7.1f} {median['nanogpt_get_batch'] / us:>9.2f} "
+                f"{median['floor'] / us:>8.2f}"
+            )
         if old is not None:
             ratio = median["old make_dataloaders w0"] / median["new make_dataloaders w0"]
-            spread = [o / n for o, n in zip(times["old make_dataloaders w0"], times["new make_dataloaders w0"])]
-            print(f"  new / old speed, recommended path (make_dataloaders, 0 workers): {ratio:.2f}x "
-                  f"(turn by turn {min(spread):.2f}x to {max(spread):.2f}x)\n")  # fmt: skip
+            spread = [
+                o / n
+                for o, n in zip(times["old make_dataloaders w0"], times["new make_dataloaders w0"])
+            ]
+            print(
+                f"  new / old speed, recommended path (make_dataloaders, 0 workers): {ratio:.2f}x "
+                f"(turn by turn {min(spread):.2f}x to {max(spread):.2f}x)\n"
+            )
     if args.shards:
         print("Shards (batches of 32 x 1024, shuffled, no DataLoader):")
         shard_cap(repeats, seconds)

@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402
-from prepare_tokens import prepare  # noqa: E402
+from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402 (imported after the sys.path line above)
+from prepare_tokens import prepare  # noqa: E402 (imported after the sys.path line above)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,13 +45,19 @@ def choose_backend(local_ranks: int, gpus: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=ROOT / "data" / "tinystories_sample", help="token file folder")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data", type=Path, default=ROOT / "data" / "tinystories_sample", help="token file folder"
+    )
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="batches each rank takes (default 4)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--save-state", type=Path, help="write the loader state here after the last step")
+    parser.add_argument(
+        "--save-state", type=Path, help="write the loader state here after the last step"
+    )
     parser.add_argument("--resume", type=Path, help="continue from a state written by --save-state")
     args = parser.parse_args(argv)
     if args.steps < 1:
@@ -59,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
     distributed = "RANK" in os.environ  # set by torchrun
     gpus = torch.cuda.device_count()
-    backend = choose_backend(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), gpus) if distributed else None
+    backend = (
+        choose_backend(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), gpus) if distributed else None
+    )
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if distributed:
@@ -68,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     use_gpu = backend == "nccl" or (not distributed and gpus > 0)
     device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
     if rank == 0:
-        say(f"{world} rank(s), backend {backend or 'none'}, device {device.type}, {gpus} GPU(s) on this node")
+        say(
+            f"{world} rank(s), backend {backend or 'none'}, device {device.type}, {gpus} GPU(s) on this node"
+        )
 
     if rank == 0:  # one process writes the token files; the others wait, then only read them
         prepare(out=args.data, progress=False)
@@ -76,14 +86,18 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
     train = NpyTokensDataset(args.data / "train.npy", args.seq_len, vocab_size=50257)
     val = NpyTokensDataset(args.data / "validation.npy", args.seq_len, vocab_size=50257)
-    train_loader, _ = make_dataloaders(train, val, batch_size=args.batch_size, num_workers=0, seed=args.seed)
+    train_loader, _ = make_dataloaders(
+        train, val, batch_size=args.batch_size, num_workers=0, seed=args.seed
+    )
     sampler = train_loader.sampler
     if args.resume:
         sampler.load_state_dict(json.loads(args.resume.read_text()))
 
     step = 0
     while step < args.steps:
-        epoch = sampler.epoch  # each pass over the loader is the next epoch (or the rest of a resumed one)
+        epoch = (
+            sampler.epoch
+        )  # each pass over the loader is the next epoch (or the rest of a resumed one)
         for consumed, batch in enumerate(train_loader, 1):
             x, y = to_device(batch, device)
             step += 1
@@ -107,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         seen = torch.cat(every)
         disjoint = len(torch.unique(seen)) == len(seen)
-        say(f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, disjoint: {disjoint}, "
-            f"dropped: {len(train) - len(torch.unique(seen))} (sampler.dropped = {sampler.dropped})")
+        say(
+            f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, disjoint: {disjoint}, "
+            f"dropped: {len(train) - len(torch.unique(seen))} (sampler.dropped = {sampler.dropped})"
+        )
     if distributed:
         dist.destroy_process_group()
     return 0

@@ -1,7 +1,7 @@
 """The main job: prepare the bundled TinyStories sample, then smoke-test the DataLoader on it.
 
-    python python_files/quickstart.py            # the bundled sample, on the GPU if there is one
-    python python_files/quickstart.py --device cpu
+python python_files/quickstart.py            # the bundled sample, on the GPU if there is one
+python python_files/quickstart.py --device cpu
 """
 
 from __future__ import annotations
@@ -15,16 +15,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402
-from prepare_tokens import prepare  # noqa: E402
+from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402 (imported after the sys.path line above)
+from prepare_tokens import prepare  # noqa: E402 (imported after the sys.path line above)
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, BATCH = 256, 16  # small enough for the sample's validation split (about 35k tokens)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ROOT / "data" / "tinystories_sample", help="token file folder")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "data" / "tinystories_sample", help="token file folder"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batches", type=int, default=200, help="batches to time (default 200)")
     args = parser.parse_args(argv)
@@ -42,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.equal(y[:, :-1], x[:, 1:]):
         raise SystemExit("smoke test failed: y is not x shifted by one token")
     print(f"train: {len(train):,} windows of {SEQ_LEN} tokens, validation: {len(val):,}")
-    print(f"x: {tuple(x.shape)} {x.dtype} on {x.device}  |  y: {tuple(y.shape)} {y.dtype} on {y.device}")
+    print(
+        f"x: {tuple(x.shape)} {x.dtype} on {x.device}  |  y: {tuple(y.shape)} {y.dtype} on {y.device}"
+    )
     print(f"x[0, :8] = {x[0, :8].tolist()}")
     print(f"y[0, :8] = {y[0, :8].tolist()}   (y is x shifted by one token)")
     print(f"pinned: {train_loader.pin_memory}, workers: {train_loader.num_workers}")
@@ -59,7 +65,9 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
     rate = batches / (time.perf_counter() - start)
-    print(f"{rate:,.0f} batches/s ({rate * BATCH * SEQ_LEN / 1e6:.1f} M tokens/s) over {batches} batches")
+    print(
+        f"{rate:,.0f} batches/s ({rate * BATCH * SEQ_LEN / 1e6:.1f} M tokens/s) over {batches} batches"
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Shared test setup: import the modules from python_files/ and build tiny arange token files."""
 
-import json
 import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -25,13 +25,22 @@ def write_tokens(path: Path, tokens: np.ndarray, *, sidecar: bool = True, **over
         tokens.tofile(path)
     if sidecar:
         meta = {
-            "format": "npy-tokens", "format_version": 1, "file": path.name,
-            "layout": "npy" if path.suffix == ".npy" else "bin", "dtype": tokens.dtype.name,
-            "shape": list(tokens.shape), "n_tokens": int(tokens.size), "file_size": path.stat().st_size,
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tokenizer": "test:arange",
-            "n_vocab": int(tokens.max()) + 1, "eot_id": 0, "eot_placement": "prepend",
-            "max_token_id": int(tokens.max()), "n_docs": 1,
-        }  # fmt: skip
+            "format": "npy-tokens",
+            "format_version": 1,
+            "file": path.name,
+            "layout": "npy" if path.suffix == ".npy" else "bin",
+            "dtype": tokens.dtype.name,
+            "shape": list(tokens.shape),
+            "n_tokens": int(tokens.size),
+            "file_size": path.stat().st_size,
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "tokenizer": "test:arange",
+            "n_vocab": int(tokens.max()) + 1,
+            "eot_id": 0,
+            "eot_placement": "prepend",
+            "max_token_id": int(tokens.max()),
+            "n_docs": 1,
+        }
         meta.update(overrides)
         path.with_name(path.name + ".json").write_text(json.dumps(meta))
     return path
@@ -41,7 +50,9 @@ def write_tokens(path: Path, tokens: np.ndarray, *, sidecar: bool = True, **over
 def arange_file(tmp_path):
     """Factory: a token file where token i sits at position i, so every window proves its place."""
 
-    def make(n: int, *, dtype=np.uint32, name: str = "tokens.npy", shape=None, sidecar: bool = True):
+    def make(
+        n: int, *, dtype=np.uint32, name: str = "tokens.npy", shape=None, sidecar: bool = True
+    ):
         tokens = np.arange(n, dtype=dtype)
         if shape is not None:
             tokens = tokens.reshape(shape)
@@ -55,6 +66,7 @@ def pt(tmp_path_factory):
     """prepare_tokens, with datasets' Arrow cache in a temporary folder; imported only by the tests that use it,
     so the loader's tests never import datasets."""
     import datasets
+
     import prepare_tokens
 
     saved = datasets.config.HF_DATASETS_CACHE

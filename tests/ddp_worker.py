@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_files"))
-import npy_datasets as nd  # noqa: E402
+import npy_datasets as nd  # noqa: E402 (imported after the sys.path line above)
 
 
 def rows(loader) -> list[list[int]]:
@@ -35,9 +35,13 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, required=True)
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rank1-seq-len", type=int, help="rank 1 uses this seq_len instead (a mismatch)")
+    parser.add_argument(
+        "--rank1-seq-len", type=int, help="rank 1 uses this seq_len instead (a mismatch)"
+    )
     parser.add_argument("--rank1-train", help="rank 1 uses this train file instead (a mismatch)")
-    parser.add_argument("--rank1-seed", type=int, help="rank 1 uses this shuffle seed instead (a mismatch)")
+    parser.add_argument(
+        "--rank1-seed", type=int, help="rank 1 uses this shuffle seed instead (a mismatch)"
+    )
     args = parser.parse_args()
     # A short timeout: a rank that waits for a peer that never comes fails instead of hanging.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
@@ -49,10 +53,20 @@ def main() -> int:
     try:
         train = nd.NpyTokensDataset(train_path, seq_len)
         val = nd.NpyTokensDataset(args.val, seq_len)
-        train_loader, val_loader = nd.make_dataloaders(train, val, args.batch_size, num_workers=0, seed=seed)
-        plain = DataLoader(train, batch_size=args.batch_size, sampler=DistributedSampler(train, seed=args.seed))
-        seen = {"rank": rank, "world_size": world, "train": rows(train_loader), "val": rows(val_loader),
-                "distributed_sampler": rows(plain), "train_state": train_loader.sampler.state_dict()}  # fmt: skip
+        train_loader, val_loader = nd.make_dataloaders(
+            train, val, args.batch_size, num_workers=0, seed=seed
+        )
+        plain = DataLoader(
+            train, batch_size=args.batch_size, sampler=DistributedSampler(train, seed=args.seed)
+        )
+        seen = {
+            "rank": rank,
+            "world_size": world,
+            "train": rows(train_loader),
+            "val": rows(val_loader),
+            "distributed_sampler": rows(plain),
+            "train_state": train_loader.sampler.state_dict(),
+        }
     except Exception as e:  # report it, then fail like any rank would
         out.write_text(json.dumps({"rank": rank, "error": f"{type(e).__name__}: {e}"}))
         dist.barrier()  # every rank has written its message before torchrun stops the job

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_files"))
-import prepare_tokens as pt  # noqa: E402
+import prepare_tokens as pt  # noqa: E402 (imported after the sys.path line above)
 
 
 def _kill_on_call(owner: object, name: str, k: int) -> None:
@@ -107,11 +107,19 @@ def _status(pid: int) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kill-each", nargs="+", metavar="STAGE:K=OUT",
-                        help="a forked run per point, into OUT; STAGE is one of " + ", ".join(STAGES))
-    parser.add_argument("--file-size-limit", type=int, help="RLIMIT_FSIZE in bytes for the token files")
+    parser.add_argument(
+        "--kill-each",
+        nargs="+",
+        metavar="STAGE:K=OUT",
+        help="a forked run per point, into OUT; STAGE is one of " + ", ".join(STAGES),
+    )
+    parser.add_argument(
+        "--file-size-limit", type=int, help="RLIMIT_FSIZE in bytes for the token files"
+    )
     parser.add_argument("--concurrent", type=int, help="this many forked runs at the same time")
-    parser.add_argument("prep_args", nargs=argparse.REMAINDER, help="-- then prepare_tokens.py arguments")
+    parser.add_argument(
+        "prep_args", nargs=argparse.REMAINDER, help="-- then prepare_tokens.py arguments"
+    )
     args = parser.parse_args()
     prep_args = args.prep_args[1:] if args.prep_args[:1] == ["--"] else args.prep_args
     if args.kill_each:

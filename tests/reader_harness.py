@@ -22,12 +22,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python_files"))
 sys.path.insert(0, str(HERE))
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+import numpy as np  # noqa: E402 (imported after the sys.path line above)
+import psutil  # noqa: E402 (imported after the sys.path line above)
+from torch.utils.data import DataLoader  # noqa: E402 (imported after the sys.path line above)
 
-import npy_datasets as nd  # noqa: E402
-from conftest import write_tokens  # noqa: E402
+import npy_datasets as nd  # noqa: E402 (imported after the sys.path line above)
+from conftest import write_tokens  # noqa: E402 (imported after the sys.path line above)
 
 BATCH = 4
 SEQ_LEN = 10
@@ -83,7 +83,7 @@ def _outcome(read_batches) -> dict:
     """{"outcome": "finished", "batches": n} or the error's type and message."""
     try:
         return {"outcome": "finished", "batches": read_batches()}
-    except Exception as error:  # noqa: BLE001  (the test inspects the type and the message)
+    except Exception as error:  # the test inspects the type and the message
         # PyTorch re-raises a worker's error from a frame that refers to the error: without this, that
         # cycle keeps the iterator and its workers alive until a later gc pass, and a shutdown run by
         # the gc waits 5 s per worker.
@@ -108,7 +108,9 @@ def _change(path: Path, how: str) -> None:
 
 def changed_file(folder: Path, workers: int, how: str) -> dict:
     """Take one batch, change the file, read on: the error must name the file, and nobody may crash."""
-    path = write_tokens(folder / f"{how}_{workers}.npy", np.arange(200_000, dtype=np.uint32), sidecar=False)
+    path = write_tokens(
+        folder / f"{how}_{workers}.npy", np.arange(200_000, dtype=np.uint32), sidecar=False
+    )
     ds = GatedDataset(path, SEQ_LEN)
     ds.gate = str(folder / f"gate_{how}_{workers}")
     extra = {"multiprocessing_context": "fork"} if workers else {}
@@ -119,7 +121,7 @@ def changed_file(folder: Path, workers: int, how: str) -> dict:
     Path(ds.gate).touch()
     result = {"first_batch_starts": first[0][:, 0].tolist(), "path": str(path)}
     result.update(_outcome(lambda: sum(1 for _ in it)))
-    del it, loader
+    it = loader = None  # drop the iterator and its workers
     gc.collect()
     result["children_left"] = _children_left()
     return result
@@ -127,12 +129,16 @@ def changed_file(folder: Path, workers: int, how: str) -> dict:
 
 def killed_worker(folder: Path) -> dict:
     path = write_tokens(folder / "killed.npy", np.arange(20_000, dtype=np.uint32), sidecar=False)
-    loader = DataLoader(KillsItsWorker(path, SEQ_LEN), batch_size=BATCH, num_workers=2,
-                        multiprocessing_context="fork")  # fmt: skip
+    loader = DataLoader(
+        KillsItsWorker(path, SEQ_LEN),
+        batch_size=BATCH,
+        num_workers=2,
+        multiprocessing_context="fork",
+    )
     start = time.monotonic()
     result = _outcome(lambda: sum(1 for _ in loader))
     result["seconds"] = time.monotonic() - start
-    del loader
+    loader = None  # drop the loader and its workers
     gc.collect()
     result["children_left"] = _children_left()
     return result
@@ -140,12 +146,17 @@ def killed_worker(folder: Path) -> dict:
 
 def hung_read(folder: Path) -> dict:
     path = write_tokens(folder / "hung.npy", np.arange(20_000, dtype=np.uint32), sidecar=False)
-    loader = DataLoader(HangsOnce(path, SEQ_LEN), batch_size=BATCH, num_workers=2, timeout=1,
-                        multiprocessing_context="fork")  # fmt: skip
+    loader = DataLoader(
+        HangsOnce(path, SEQ_LEN),
+        batch_size=BATCH,
+        num_workers=2,
+        timeout=1,
+        multiprocessing_context="fork",
+    )
     start = time.monotonic()
     result = _outcome(lambda: sum(1 for _ in loader))
     result["seconds"] = time.monotonic() - start
-    del loader
+    loader = None  # drop the loader and its workers
     gc.collect()
     result["children_left"] = _children_left()
     return result

@@ -16,7 +16,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_files"))
-import npy_datasets as nd  # noqa: E402
+import npy_datasets as nd  # noqa: E402 (imported after the sys.path line above)
 
 
 def build_loader(job: dict[str, Any]) -> DataLoader:
@@ -28,7 +28,9 @@ def build_loader(job: dict[str, Any]) -> DataLoader:
     return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers, **extra)
 
 
-def record(loader: DataLoader, epochs: int, stop_after: int | None = None) -> tuple[list[list[list[int]]], dict]:
+def record(
+    loader: DataLoader, epochs: int, stop_after: int | None = None
+) -> tuple[list[list[list[int]]], dict]:
     """Every batch's x rows until `stop_after` batches, or until the end of epoch `epochs - 1`, and
     the state after the last batch recorded."""
     batches: list[list[list[int]]] = []

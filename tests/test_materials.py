@@ -54,15 +54,23 @@ def assert_cache_files_ok() -> list[tuple[str, str]]:
 
 def offline_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("no_proxy", "all_proxy")}
-    env.update(TIKTOKEN_CACHE_DIR=str(CACHE), HTTPS_PROXY=BOGUS_PROXY, https_proxy=BOGUS_PROXY,
-               HTTP_PROXY=BOGUS_PROXY, http_proxy=BOGUS_PROXY)
+    env.update(
+        TIKTOKEN_CACHE_DIR=str(CACHE),
+        HTTPS_PROXY=BOGUS_PROXY,
+        https_proxy=BOGUS_PROXY,
+        HTTP_PROXY=BOGUS_PROXY,
+        http_proxy=BOGUS_PROXY,
+    )
     return env
 
 
 # (a) the generator reproduces the committed files byte for byte
 def test_make_sample_is_reproducible(tmp_path):
-    subprocess.run([sys.executable, str(MATERIALS / "make_sample.py"), "--out", str(tmp_path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(MATERIALS / "make_sample.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
     for split in SPLITS:
         committed = (SAMPLE / f"{split}.jsonl").read_bytes()
         assert (tmp_path / f"{split}.jsonl").read_bytes() == committed, split
@@ -97,17 +105,27 @@ def test_cache_files_match_tiktoken_hashes(monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(CACHE))
     monkeypatch.setattr(tiktoken.load, "read_file", no_network)
     for url, expected in files:
-        assert tiktoken.load.read_file_cached(url, expected) == (
-            CACHE / hashlib.sha1(url.encode()).hexdigest()).read_bytes()
+        assert (
+            tiktoken.load.read_file_cached(url, expected)
+            == (CACHE / hashlib.sha1(url.encode()).hexdigest()).read_bytes()
+        )
 
 
 def test_get_encoding_gpt2_offline():
     assert_cache_files_ok()
     before = sorted(p.name for p in CACHE.iterdir())
-    code = ("import json, tiktoken; e = tiktoken.get_encoding('gpt2'); "
-            "print(json.dumps([e.n_vocab, e.encode_ordinary('Hello world')]))")
-    out = subprocess.run([sys.executable, "-c", code], env=offline_env(), cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout
+    code = (
+        "import json, tiktoken; e = tiktoken.get_encoding('gpt2'); "
+        "print(json.dumps([e.n_vocab, e.encode_ordinary('Hello world')]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=offline_env(),
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert json.loads(out) == [50257, [15496, 995]]
     assert sorted(p.name for p in CACHE.iterdir()) == before  # nothing written on a hit
 

@@ -18,20 +18,33 @@ import pytest
 from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-MODULES = {name: ROOT / "python_files" / f"{name}.py" for name in ("npy_datasets", "prepare_tokens")}
+MODULES = {
+    name: ROOT / "python_files" / f"{name}.py" for name in ("npy_datasets", "prepare_tokens")
+}
 
 
 def _code_cells(notebook: Path) -> list[str]:
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
     # IPython-only lines (magics, shell escapes) are not Python; blank them before parsing.
-    return ["\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in s.splitlines()) for s in sources]
+    return [
+        "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in s.splitlines())
+        for s in sources
+    ]
 
 
 def _without_methods(node: ast.ClassDef) -> str:
     """A class statement's own part: name, bases, decorators and non-method body (docstring)."""
     body = [n for n in node.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    return ast.dump(ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=body, decorator_list=node.decorator_list))
+    return ast.dump(
+        ast.ClassDef(
+            name=node.name,
+            bases=node.bases,
+            keywords=node.keywords,
+            body=body,
+            decorator_list=node.decorator_list,
+        )
+    )
 
 
 def _clean_docstrings(tree: ast.AST) -> ast.AST:
@@ -40,7 +53,11 @@ def _clean_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 first.value.value = inspect.cleandoc(first.value.value)
     return tree
 
@@ -51,7 +68,11 @@ def definitions(tree: ast.Module) -> dict[str, str]:
     found: dict[str, str] = {}
     attached = {}  # `Class.method = method` statements attach a top-level def to a class
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Attribute)
+        ):
             target = node.targets[0]
             if isinstance(target.value, ast.Name) and isinstance(node.value, ast.Name):
                 attached[node.value.id] = f"{target.value.id}.{target.attr}"
@@ -72,7 +93,10 @@ def definitions(tree: ast.Module) -> dict[str, str]:
 
 
 def module_definitions() -> dict[str, dict[str, str]]:
-    return {name: definitions(ast.parse(path.read_text(encoding="utf-8"))) for name, path in MODULES.items()}
+    return {
+        name: definitions(ast.parse(path.read_text(encoding="utf-8")))
+        for name, path in MODULES.items()
+    }
 
 
 def taught_definitions() -> dict[str, list[tuple[str, str]]]:
@@ -88,7 +112,9 @@ def taught_definitions() -> dict[str, list[tuple[str, str]]]:
 def public_names(module: str) -> list[str]:
     tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "__all__" for t in node.targets
+        ):
             return ast.literal_eval(node.value)
     raise AssertionError(f"{module} has no __all__")
 
@@ -116,8 +142,12 @@ def test_every_public_name_is_taught_or_used_somewhere():
     the modules is either defined in a notebook (and equal to the module's) or used by one."""
     taught = taught_definitions()
     used = set().union(*(_used_names(nb) for nb in NOTEBOOKS))
-    missing = [f"{module}.{name}" for module in MODULES for name in public_names(module)
-               if name not in used and not any(q == name or q.startswith(name + ".") for q in taught)]  # fmt: skip
+    missing = [
+        f"{module}.{name}"
+        for module in MODULES
+        for name in public_names(module)
+        if name not in used and not any(q == name or q.startswith(name + ".") for q in taught)
+    ]
     assert not missing, f"public, but neither taught nor used in any notebook: {missing}"
 
 
@@ -173,13 +203,23 @@ MAX_CELL_LINES, MAX_NOTEBOOK_LINES = 40, 400  # a step is short enough to read a
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_cells_are_short_and_notebooks_too(notebook):
     sizes = [len(source.splitlines()) for source in _code_cells(notebook)]
-    assert max(sizes) <= MAX_CELL_LINES, f"a code cell of {max(sizes)} lines (cell {sizes.index(max(sizes))})"
+    assert max(sizes) <= MAX_CELL_LINES, (
+        f"a code cell of {max(sizes)} lines (cell {sizes.index(max(sizes))})"
+    )
     assert sum(sizes) <= MAX_NOTEBOOK_LINES, f"{sum(sizes)} code lines"
 
 
 IPYTHON_NAMES = {"display", "get_ipython", "In", "Out", "_", "__", "___"}  # defined by the kernel
-NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
-                 ast.DictComp, ast.GeneratorExp)  # fmt: skip
+NESTED_SCOPES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.Lambda,
+    ast.ClassDef,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
 
 
 def _scope_parts(scope: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
@@ -197,15 +237,27 @@ def _scope_parts(scope: ast.AST) -> tuple[list[ast.AST], list[ast.AST]]:
         own.append(node)
         if isinstance(node, NESTED_SCOPES):
             nested.append(node)
-            outer = [*getattr(node, "decorator_list", []), *getattr(node, "bases", []), *getattr(node, "keywords", [])]
+            outer = [
+                *getattr(node, "decorator_list", []),
+                *getattr(node, "bases", []),
+                *getattr(node, "keywords", []),
+            ]
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 args = node.args
                 outer += [*args.defaults, *[d for d in args.kw_defaults if d is not None]]
-                outer += [a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.annotation]
+                outer += [
+                    a.annotation
+                    for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]
+                    if a.annotation
+                ]
                 outer += [node.returns] if getattr(node, "returns", None) else []
             todo.extend(outer)
         elif isinstance(node, ast.arguments):
-            own.extend(a for a in [*node.posonlyargs, *node.args, *node.kwonlyargs, node.vararg, node.kwarg] if a)
+            own.extend(
+                a
+                for a in [*node.posonlyargs, *node.args, *node.kwonlyargs, node.vararg, node.kwarg]
+                if a
+            )
         else:
             todo.extend(ast.iter_child_nodes(node))
     return own, nested
@@ -233,9 +285,21 @@ def _undefined(scope: ast.AST, visible: set[str], module_names: set[str]) -> lis
     """Names a scope reads that nothing binds: in itself, an enclosing function, or (for code that runs
     later, inside a def) anywhere in the notebook's top level."""
     own, nested = _scope_parts(scope)
-    mine = visible | _bound(own) | (_bound([scope]) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else set())
-    missing = [(n.id, n.lineno) for n in own if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in mine]
-    inner = (mine - _bound(own)) | module_names if isinstance(scope, ast.ClassDef) else mine | module_names
+    mine = (
+        visible
+        | _bound(own)
+        | (_bound([scope]) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else set())
+    )
+    missing = [
+        (n.id, n.lineno)
+        for n in own
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in mine
+    ]
+    inner = (
+        (mine - _bound(own)) | module_names
+        if isinstance(scope, ast.ClassDef)
+        else mine | module_names
+    )
     for child in nested:
         missing += _undefined(child, inner, module_names)
     return missing
@@ -250,5 +314,8 @@ def test_notebook_code_uses_no_undefined_name(notebook):
     seen, problems = set(dir(builtins)) | IPYTHON_NAMES, []
     for number, tree in enumerate(trees):
         seen |= _bound(_scope_parts(tree)[0])
-        problems += [f"cell {number}: {name} (line {line})" for name, line in _undefined(tree, seen, everywhere | seen)]
+        problems += [
+            f"cell {number}: {name} (line {line})"
+            for name, line in _undefined(tree, seen, everywhere | seen)
+        ]
     assert not problems, "undefined names:\n" + "\n".join(problems)

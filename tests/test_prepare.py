@@ -19,15 +19,25 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "python_files") not in sys.path:
     sys.path.insert(0, str(ROOT / "python_files"))
 
-import datasets  # noqa: E402
-import prepare_tokens as pt  # noqa: E402
-import tiktoken  # noqa: E402
-import tiktoken_ext.openai_public  # noqa: E402
-from npy_datasets import TokenFileError, open_tokens, probe_sha256, read_npy_header, read_sidecar, sidecar_path  # noqa: E402
+import datasets  # noqa: E402 (imported after the sys.path line above)
+import tiktoken  # noqa: E402 (imported after the sys.path line above)
+import tiktoken_ext.openai_public  # noqa: E402 (imported after the sys.path line above)
+
+import prepare_tokens as pt  # noqa: E402 (imported after the sys.path line above)
+from npy_datasets import (  # noqa: E402 (imported after the sys.path line above)
+    TokenFileError,
+    open_tokens,
+    probe_sha256,
+    read_npy_header,
+    read_sidecar,
+    sidecar_path,
+)
 
 SAMPLE = ROOT / "materials" / "tinystories_sample"
 TIKTOKEN_CACHE = ROOT / "materials" / "tiktoken_cache"
-NO_NETWORK = {k: "http://127.0.0.1:9" for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}  # port 9: refused
+NO_NETWORK = {
+    k: "http://127.0.0.1:9" for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+}  # port 9: refused
 EOT = 50256
 DOCS = [
     "Once upon a time, there was a little cat named Tom.",
@@ -141,8 +151,20 @@ def test_tokenize_documents_yields_ordered_chunks(enc):
 
 def test_gpt2_encoding_is_tiktokens_gpt2_from_the_bundled_files(enc):
     ours = pt.gpt2_encoding()
-    assert (ours.name, ours.n_vocab, ours.eot_token, ours.max_token_value) == ("gpt2", 50257, EOT, 50256)
-    texts = [*DOCS, *MANY, *(json.loads(row)["text"] for row in (SAMPLE / "validation.jsonl").read_text().splitlines())]
+    assert (ours.name, ours.n_vocab, ours.eot_token, ours.max_token_value) == (
+        "gpt2",
+        50257,
+        EOT,
+        50256,
+    )
+    texts = [
+        *DOCS,
+        *MANY,
+        *(
+            json.loads(row)["text"]
+            for row in (SAMPLE / "validation.jsonl").read_text().splitlines()
+        ),
+    ]
     assert [ours.encode_ordinary(t) for t in texts] == [enc.encode_ordinary(t) for t in texts]
     assert ours.encode("<|endoftext|>", allowed_special="all") == [EOT]
 
@@ -152,12 +174,20 @@ def test_gpt2_encoding_ignores_a_foreign_tiktoken_cache_offline(tmp_path, enc):
     foreign.mkdir()
     blocked = tmp_path / "a_file"  # a cache folder that cannot be created (read-only, as root too)
     blocked.write_text("x")
-    code = ("import json, sys; sys.path.insert(0, 'python_files'); import prepare_tokens as pt\n"
-            "print(json.dumps([pt.gpt2_encoding().encode_ordinary(t) for t in json.loads(sys.argv[1])]))")
+    code = (
+        "import json, sys; sys.path.insert(0, 'python_files'); import prepare_tokens as pt\n"
+        "print(json.dumps([pt.gpt2_encoding().encode_ordinary(t) for t in json.loads(sys.argv[1])]))"
+    )
     for cache in (foreign, blocked / "cache"):
         env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache), **NO_NETWORK)
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps(DOCS)], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(DOCS)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert json.loads(proc.stdout) == [enc.encode_ordinary(t) for t in DOCS]
     assert list(foreign.iterdir()) == []  # nothing copied into someone else's cache
@@ -179,8 +209,12 @@ def test_gpt2_encoding_refuses_a_file_whose_sha256_differs(tmp_path):
 
 def test_texts_come_in_dataset_order_and_local_files_are_streamed(tmp_path):
     whole = pt.load_text_splits(make_dataset(tmp_path / "in", MANY, MANY[:3]))["train"]
-    carved = pt.load_text_splits(make_dataset(tmp_path / "in2", MANY), val_fraction=0.25)  # sorted, scattered rows
-    assert callable(whole.documents) and not isinstance(whole.documents, datasets.Dataset)  # the file itself, streamed
+    carved = pt.load_text_splits(
+        make_dataset(tmp_path / "in2", MANY), val_fraction=0.25
+    )  # sorted, scattered rows
+    assert callable(whole.documents) and not isinstance(
+        whole.documents, datasets.Dataset
+    )  # the file itself, streamed
     assert list(pt._iter_texts(whole)) == MANY
     rows = {name: carved[name].rows for name in ("train", "validation")}
     assert (len(rows["train"]), len(rows["validation"])) == (45, 15)
@@ -188,26 +222,49 @@ def test_texts_come_in_dataset_order_and_local_files_are_streamed(tmp_path):
     for name in ("train", "validation"):
         assert np.all(np.diff(rows[name]) > 0)
         assert list(pt._iter_texts(carved[name])) == [MANY[i] for i in rows[name]]
-    in_memory = datasets.Dataset.from_dict({"text": MANY})  # a Dataset (save_to_disk, the Hub), in its own order
-    for docs in (in_memory, in_memory.shuffle(seed=0), in_memory.select(range(5, 50)), in_memory.select([3, 3, 1])):
+    in_memory = datasets.Dataset.from_dict(
+        {"text": MANY}
+    )  # a Dataset (save_to_disk, the Hub), in its own order
+    for docs in (
+        in_memory,
+        in_memory.shuffle(seed=0),
+        in_memory.select(range(5, 50)),
+        in_memory.select([3, 3, 1]),
+    ):
         split = pt.TextSplit("train", docs, "text", {"dataset": "inline", "split": "train"})
         assert list(pt._iter_texts(split)) == list(docs["text"])
-    picked = pt.TextSplit("train", in_memory.select([0, 1]), "text", {"dataset": "inline", "split": "train"}, np.array([1]))
+    picked = pt.TextSplit(
+        "train",
+        in_memory.select([0, 1]),
+        "text",
+        {"dataset": "inline", "split": "train"},
+        np.array([1]),
+    )
     assert list(pt._iter_texts(picked)) == [MANY[1]]
 
 
 def test_a_rewritten_input_is_tokenized_again_never_served_from_a_cache(tmp_path, enc):
-    old, new = [f"old story {i}" for i in range(20)], [f"new story {i}" for i in range(20)]  # the same sizes
+    old, new = (
+        [f"old story {i}" for i in range(20)],
+        [f"new story {i}" for i in range(20)],
+    )  # the same sizes
     data, out = make_dataset(tmp_path / "in", old, ["v"]), tmp_path / "out"
     first = prepare(data, out)["train"]
     train = data / "train.jsonl"
     stat = train.stat()
     write_jsonl(train, [{"text": t} for t in new])
-    os.utime(train, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime: only the bytes differ
+    os.utime(
+        train, ns=(stat.st_atime_ns, stat.st_mtime_ns)
+    )  # same size, same mtime: only the bytes differ
     assert train.stat().st_size == stat.st_size and train.stat().st_mtime_ns == stat.st_mtime_ns
     again = prepare(data, out)["train"]
-    assert again.written and again.meta["source"]["input_fingerprint"] != first.meta["source"]["input_fingerprint"]
-    assert decoded(out / "train.npy", enc) == new  # the sidecar vouches for the text that was tokenized
+    assert (
+        again.written
+        and again.meta["source"]["input_fingerprint"] != first.meta["source"]["input_fingerprint"]
+    )
+    assert (
+        decoded(out / "train.npy", enc) == new
+    )  # the sidecar vouches for the text that was tokenized
     assert not prepare(data, out)["train"].written
 
 
@@ -259,7 +316,9 @@ def test_bin_layout_is_the_npy_data_without_header(tmp_path):
     meta = results["train"].meta
     assert (meta["layout"], meta["file"], meta["dtype"]) == ("bin", "train.bin", "uint16")
     assert sidecar_path(bin_path).name == "train.bin.json"
-    np.testing.assert_array_equal(open_tokens(bin_path, verify=True), np.load(tmp_path / "npy" / "train.npy"))
+    np.testing.assert_array_equal(
+        open_tokens(bin_path, verify=True), np.load(tmp_path / "npy" / "train.npy")
+    )
 
 
 def test_eot_append_writes_nanogpts_bin_byte_for_byte_and_prepend_stays_the_default(tmp_path, enc):
@@ -270,17 +329,45 @@ def test_eot_append_writes_nanogpts_bin_byte_for_byte_and_prepend_stays_the_defa
         ids = []
         for text in texts:  # nanoGPT's data/openwebtext/prepare.py: ids = enc.encode_ordinary(text); ids.append(eot)
             ids += [*enc.encode_ordinary(text), enc.eot_token]
-        nanogpt[split] = np.array(ids, dtype=np.uint16).tobytes()  # then written as a raw uint16 memmap
-    assert pt.main(["--dataset", str(data), "--out", str(tmp_path / "cli"), "--format", "bin", "--eot", "append"]) == 0
+        nanogpt[split] = np.array(
+            ids, dtype=np.uint16
+        ).tobytes()  # then written as a raw uint16 memmap
+    assert (
+        pt.main(
+            [
+                "--dataset",
+                str(data),
+                "--out",
+                str(tmp_path / "cli"),
+                "--format",
+                "bin",
+                "--eot",
+                "append",
+            ]
+        )
+        == 0
+    )
     results = prepare(data, tmp_path / "out", layout="bin", eot_placement="append")
     for split, texts in (("train", DOCS), ("validation", val)):
-        assert (tmp_path / "cli" / f"{split}.bin").read_bytes() == nanogpt[split] == (tmp_path / "out" / f"{split}.bin").read_bytes()
-        assert results[split].meta["eot_placement"] == read_sidecar(tmp_path / "out" / f"{split}.bin")["eot_placement"] == "append"
+        assert (
+            (tmp_path / "cli" / f"{split}.bin").read_bytes()
+            == nanogpt[split]
+            == (tmp_path / "out" / f"{split}.bin").read_bytes()
+        )
+        assert (
+            results[split].meta["eot_placement"]
+            == read_sidecar(tmp_path / "out" / f"{split}.bin")["eot_placement"]
+            == "append"
+        )
         assert results[split].meta["n_docs"] == len(texts)
-    again = prepare(data, tmp_path / "out", layout="bin")["train"]  # the default, prepend: the placement is a setting
+    again = prepare(data, tmp_path / "out", layout="bin")[
+        "train"
+    ]  # the default, prepend: the placement is a setting
     assert again.written and again.meta["eot_placement"] == "prepend"
     assert (tmp_path / "out" / "train.bin").read_bytes() == reference_tokens(DOCS, enc).tobytes()
-    with pytest.raises(ValueError, match=r"eot_placement must be one of \('prepend', 'append'\), got 'after'"):
+    with pytest.raises(
+        ValueError, match=r"eot_placement must be one of \('prepend', 'append'\), got 'after'"
+    ):
         pt.prepare(data, tmp_path / "x", eot_placement="after")
 
 
@@ -293,12 +380,24 @@ def test_sidecar_fields_describe_the_file(tmp_path):
     assert side.read_text() == json.dumps(meta, sort_keys=True, indent=2) + "\n"
     tokens = np.load(path)
     expected = {
-        "format": "npy-tokens", "format_version": 1, "file": "train.npy", "layout": "npy",
-        "dtype": "uint16", "shape": [tokens.size], "n_tokens": tokens.size,
-        "file_size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "probe_sha256": probe_sha256(path), "tokenizer": "tiktoken:gpt2", "n_vocab": 50257, "eot_id": EOT, "eot_placement": "prepend",
-        "max_token_id": int(tokens.max()), "n_docs": len(DOCS), "created_by": "prepare_tokens.py",
-    }  # fmt: skip
+        "format": "npy-tokens",
+        "format_version": 1,
+        "file": "train.npy",
+        "layout": "npy",
+        "dtype": "uint16",
+        "shape": [tokens.size],
+        "n_tokens": tokens.size,
+        "file_size": path.stat().st_size,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "probe_sha256": probe_sha256(path),
+        "tokenizer": "tiktoken:gpt2",
+        "n_vocab": 50257,
+        "eot_id": EOT,
+        "eot_placement": "prepend",
+        "max_token_id": int(tokens.max()),
+        "n_docs": len(DOCS),
+        "created_by": "prepare_tokens.py",
+    }
     assert {k: meta[k] for k in expected} == expected
     source = meta["source"]
     assert source["dataset"] == str(data)
@@ -365,16 +464,26 @@ def test_shards_hold_exactly_shard_tokens_and_concatenate_to_the_one_file(tmp_pa
         {"index": i, "count": k, "shard_tokens": n, "first_token": i * n} for i in range(k)
     ]
     assert [m["n_docs"] for m in metas] == [int(np.count_nonzero(part == EOT)) for part in parts]
-    assert (result.meta["n_docs"], result.meta["n_tokens"], result.meta["n_shards"]) == (len(MANY), len(whole), k)
+    assert (result.meta["n_docs"], result.meta["n_tokens"], result.meta["n_shards"]) == (
+        len(MANY),
+        len(whole),
+        k,
+    )
     assert len({m["settings_fingerprint"] for m in metas}) == 1
-    assert metas[0]["settings_fingerprint"] != read_sidecar(tmp_path / "one" / "train.npy")["settings_fingerprint"]
+    assert (
+        metas[0]["settings_fingerprint"]
+        != read_sidecar(tmp_path / "one" / "train.npy")["settings_fingerprint"]
+    )
     ds = NpyTokensDataset(result.path, 8)  # the glob as returned
     assert len(ds) == sum((len(part) - 1) // 8 for part in parts)
-    assert prepare(data, tmp_path / "shards", shard_tokens=len(whole) + 5, layout=layout)["train"].shards == (
+    assert prepare(data, tmp_path / "shards", shard_tokens=len(whole) + 5, layout=layout)[
+        "train"
+    ].shards == (
         tmp_path / "shards" / f"train_000000.{layout}",
     )  # one shard holds all; the others of the previous run are gone with their sidecars
     assert sorted(q.name for q in (tmp_path / "shards").glob("train_*")) == [
-        f"train_000000.{layout}", f"train_000000.{layout}.json"
+        f"train_000000.{layout}",
+        f"train_000000.{layout}.json",
     ]
 
 
@@ -384,26 +493,60 @@ def llmc_shard(path: Path) -> np.ndarray:
     magic, version, count = header[:3].tolist()
     dtype = {(20240520, 1): np.uint16, (20240801, 7): np.uint32}[magic, version]
     tokens = np.fromfile(path, dtype=dtype, offset=256 * 4)
-    assert len(tokens) == count and not header[3:].any() and path.stat().st_size == 1024 + count * np.dtype(dtype).itemsize
+    assert (
+        len(tokens) == count
+        and not header[3:].any()
+        and path.stat().st_size == 1024 + count * np.dtype(dtype).itemsize
+    )
     return tokens
 
 
 def test_llmc_shards_have_llmcs_header_and_hold_the_npy_tokens(tmp_path, enc):
     data = make_dataset(tmp_path / "in", MANY, MANY[:5])
     prepare(data, tmp_path / "npy")
-    assert pt.main(["--dataset", str(data), "--out", str(tmp_path / "llmc"), "--format", "llmc", "--shard-tokens", "100"]) == 0
+    assert (
+        pt.main(
+            [
+                "--dataset",
+                str(data),
+                "--out",
+                str(tmp_path / "llmc"),
+                "--format",
+                "llmc",
+                "--shard-tokens",
+                "100",
+            ]
+        )
+        == 0
+    )
     for split in ("train", "validation"):
         shards = sorted((tmp_path / "llmc").glob(f"{split}_*.bin"))
-        assert len(shards) > 1 and [len(llmc_shard(p)) for p in shards][:-1] == [100] * (len(shards) - 1)
-        assert np.array_equal(np.concatenate([llmc_shard(p) for p in shards]), np.load(tmp_path / "npy" / f"{split}.npy"))
+        assert len(shards) > 1 and [len(llmc_shard(p)) for p in shards][:-1] == [100] * (
+            len(shards) - 1
+        )
+        assert np.array_equal(
+            np.concatenate([llmc_shard(p) for p in shards]),
+            np.load(tmp_path / "npy" / f"{split}.npy"),
+        )
         for path in shards:  # the loader reads them by their header, and the sidecar agrees
             assert open_tokens(path, verify=True).tolist() == llmc_shard(path).tolist()
             assert read_sidecar(path)["layout"] == "llmc" and llmc_shard(path).dtype == np.uint16
-    wide = tiktoken.Encoding("gpt2_wide_eot", pat_str=enc._pat_str, mergeable_ranks=enc._mergeable_ranks,
-                             special_tokens={"<|endoftext|>": 70_000})  # over 65,536 ids: uint32, magic 20240801
-    split = pt.TextSplit("train", datasets.Dataset.from_dict({"text": DOCS}), "text", {"dataset": "inline", "split": "train"})
+    wide = tiktoken.Encoding(
+        "gpt2_wide_eot",
+        pat_str=enc._pat_str,
+        mergeable_ranks=enc._mergeable_ranks,
+        special_tokens={"<|endoftext|>": 70_000},
+    )  # over 65,536 ids: uint32, magic 20240801
+    split = pt.TextSplit(
+        "train",
+        datasets.Dataset.from_dict({"text": DOCS}),
+        "text",
+        {"dataset": "inline", "split": "train"},
+    )
     result = pt.prepare_split(split, tmp_path / "wide", wide, layout="llmc", progress=False)
-    assert result.path.name == "train.bin" and np.fromfile(result.path, dtype="<i4", count=2).tolist() == [20240801, 7]
+    assert result.path.name == "train.bin" and np.fromfile(
+        result.path, dtype="<i4", count=2
+    ).tolist() == [20240801, 7]
     expected = [i for text in DOCS for i in (70_000, *enc.encode_ordinary(text))]
     assert llmc_shard(result.path).tolist() == expected == open_tokens(result.path).tolist()
 
@@ -419,9 +562,13 @@ def test_sharded_rerun_skips_rebuilds_on_change_and_is_byte_identical(tmp_path):
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == snapshot
 
     forced = prepare(data, out, shard_tokens=300, force=True)["train"]
-    assert forced.written and {p.name: p.read_bytes() for p in out.iterdir()} == {k: v[0] for k, v in snapshot.items()}
+    assert forced.written and {p.name: p.read_bytes() for p in out.iterdir()} == {
+        k: v[0] for k, v in snapshot.items()
+    }
 
-    stray = out / f"train_{len(first.shards):06d}.npy"  # a shard from some other run: not up to date any more
+    stray = (
+        out / f"train_{len(first.shards):06d}.npy"
+    )  # a shard from some other run: not up to date any more
     stray.write_bytes(first.shards[0].read_bytes())
     assert prepare(data, out, shard_tokens=300)["train"].written and not stray.exists()
 
@@ -449,15 +596,21 @@ def test_a_failed_sharded_rebuild_keeps_the_previous_shards_whole(tmp_path, monk
     monkeypatch.setattr(pt, "write_token_file", interrupted_on_the_third_shard)
     with pytest.raises(KeyboardInterrupt):
         prepare(data, out, shard_tokens=200, splits=["train"])  # other settings: a rebuild
-    assert all(p.parent != out for p in calls)  # shards are written beside, never over, the finished ones
+    assert all(
+        p.parent != out for p in calls
+    )  # shards are written beside, never over, the finished ones
     assert {p.name: p.read_bytes() for p in out.iterdir()} == snapshot  # staging folder gone too
-    assert all(open_tokens(p, verify=True).size == read_sidecar(p)["n_tokens"] for p in before.shards)
+    assert all(
+        open_tokens(p, verify=True).size == read_sidecar(p)["n_tokens"] for p in before.shards
+    )
     monkeypatch.undo()
     after = prepare(data, out, shard_tokens=200, splits=["train"])["train"]
-    assert after.written and np.array_equal(np.concatenate([np.load(p) for p in after.shards]), tokens)
-    assert len(after.shards) == -(-len(tokens) // 200) and sorted(p.name for p in out.glob("train*")) == sorted(
-        [p.name for p in after.shards] + [p.name + ".json" for p in after.shards]
+    assert after.written and np.array_equal(
+        np.concatenate([np.load(p) for p in after.shards]), tokens
     )
+    assert len(after.shards) == -(-len(tokens) // 200) and sorted(
+        p.name for p in out.glob("train*")
+    ) == sorted([p.name for p in after.shards] + [p.name + ".json" for p in after.shards])
 
 
 def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, monkeypatch):
@@ -469,7 +622,9 @@ def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, m
 
     def ctrl_c_after_the_first_rename(src, dst):
         real_replace(src, dst)
-        if Path(dst).parent != out or Path(src).parent == out:  # a temp file's rename, not the swap's
+        if (
+            Path(dst).parent != out or Path(src).parent == out
+        ):  # a temp file's rename, not the swap's
             return
         renames.append(Path(dst))
         if len(renames) == 1:
@@ -480,9 +635,14 @@ def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, m
         prepare(data, out, shard_tokens=300, splits=["train"])
     monkeypatch.undo()
     assert len(renames) > 1 and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    shards = sorted(out.glob("train_*.npy"))  # all of the new run, finished, none of the old one left
+    shards = sorted(
+        out.glob("train_*.npy")
+    )  # all of the new run, finished, none of the old one left
     assert [p.name for p in shards] == [p.name for p in renames]
-    assert all(read_sidecar(p)["shard"]["shard_tokens"] == 300 and open_tokens(p, verify=True).size for p in shards)
+    assert all(
+        read_sidecar(p)["shard"]["shard_tokens"] == 300 and open_tokens(p, verify=True).size
+        for p in shards
+    )
     assert not prepare(data, out, shard_tokens=300, splits=["train"])["train"].written
 
 
@@ -492,9 +652,13 @@ def test_sharding_refuses_to_touch_another_splits_file_with_a_shard_name(tmp_pat
     for suffix in ("", ".json"):  # as if a split named train_000001 had been written here
         (out / f"validation.npy{suffix}").rename(out / f"train_000001.npy{suffix}")
     before = (out / "train_000001.npy").read_bytes()
-    with pytest.raises(ValueError, match=r"train_000001.npy' is not a shard of split 'train'.*choose another --out"):
+    with pytest.raises(
+        ValueError, match=r"train_000001.npy' is not a shard of split 'train'.*choose another --out"
+    ):
         prepare(data, out, shard_tokens=10_000, splits=["train"])
-    assert (out / "train_000001.npy").read_bytes() == before and (out / "train_000001.npy.json").is_file()
+    assert (out / "train_000001.npy").read_bytes() == before and (
+        out / "train_000001.npy.json"
+    ).is_file()
     assert sorted(p.name for p in out.iterdir()) == ["train_000001.npy", "train_000001.npy.json"]
 
 
@@ -504,7 +668,9 @@ def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
     staging = tmp_path / f".train_shards.tmp.{dead.pid}.0badc0de"
     staging.mkdir()
     (staging / "train_000000.npy").write_bytes(b"half a shard")
-    alive = tmp_path / ".train_shards.tmp.1.0badc0de"  # pid 1 is always alive: its run may still be writing
+    alive = (
+        tmp_path / ".train_shards.tmp.1.0badc0de"
+    )  # pid 1 is always alive: its run may still be writing
     alive.mkdir()
     assert pt.clean_stale_temp_files(tmp_path) == [staging]
     assert not staging.exists() and alive.is_dir()
@@ -522,7 +688,10 @@ def test_the_dataset_warns_when_a_shard_set_is_incomplete_or_repeated(tmp_path):
         warnings.simplefilter("error")  # the whole set, in any order: no warning
         NpyTokensDataset(result.path, 8)
         NpyTokensDataset(list(reversed(result.shards)), 8)
-    with pytest.warns(UserWarning, match=rf"one of {k} shards written together, .* shard\(s\) 1, 3-{k - 1} of {k} missing"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"one of {k} shards written together, .* shard\(s\) 1, 3-{k - 1} of {k} missing",
+    ):
         NpyTokensDataset([result.shards[0], result.shards[2]], 8)
     with pytest.warns(UserWarning, match=r"shard\(s\) 0 given more than once"):
         NpyTokensDataset([*result.shards, result.shards[0]], 8)
@@ -531,7 +700,9 @@ def test_the_dataset_warns_when_a_shard_set_is_incomplete_or_repeated(tmp_path):
 def test_shard_tokens_must_be_a_positive_int(tmp_path):
     for bad in (0, -5, 2.5, True):
         with pytest.raises((ValueError, TypeError), match="shard_tokens"):
-            pt.prepare(tmp_path / "no_such_dataset", tmp_path / "out", shard_tokens=bad, progress=False)
+            pt.prepare(
+                tmp_path / "no_such_dataset", tmp_path / "out", shard_tokens=bad, progress=False
+            )
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="more than 6 digits"):
         pt.shard_path(tmp_path, "train", 10**6)
@@ -544,7 +715,10 @@ def test_carve_validation_when_the_dataset_has_none(tmp_path, enc):
     texts = [f"document number {i}" for i in range(40)]
     data = make_dataset(tmp_path / "in", texts)  # train.jsonl only
     results = prepare(data, tmp_path / "a", val_fraction=0.1, seed=7)
-    train, val = decoded(tmp_path / "a" / "train.npy", enc), decoded(tmp_path / "a" / "validation.npy", enc)
+    train, val = (
+        decoded(tmp_path / "a" / "train.npy", enc),
+        decoded(tmp_path / "a" / "validation.npy", enc),
+    )
     assert len(val) == 4 and len(train) == 36
     assert not set(train) & set(val)
     assert sorted(train + val) == sorted(texts)
@@ -560,7 +734,9 @@ def test_carve_validation_when_the_dataset_has_none(tmp_path, enc):
 
     only_train = prepare(data, tmp_path / "c", splits=["train"], val_fraction=0.1, seed=7)
     assert list(only_train) == ["train"]  # train alone is still the remainder: no later leak
-    assert (tmp_path / "c" / "train.npy").read_bytes() == (tmp_path / "a" / "train.npy").read_bytes()
+    assert (tmp_path / "c" / "train.npy").read_bytes() == (
+        tmp_path / "a" / "train.npy"
+    ).read_bytes()
 
     reseeded = prepare(data, tmp_path / "a", val_fraction=0.1, seed=8)
     assert reseeded["validation"].written and reseeded["train"].written
@@ -571,11 +747,25 @@ def test_carve_validation_keeps_at_least_one_document_each():
     rest, val = pt.carve_validation(10)  # 10 * 0.005 rounds to 0: one document anyway
     assert (len(rest), len(val)) == (9, 1)
     assert sorted([*rest, *val]) == list(range(10)) and np.all(np.diff(rest) > 0)
-    for n, fraction, n_val in [(1000, 0.005, 5), (300, 0.005, 2), (500, 0.005, 2), (40, 0.1, 4), (7, 0.5, 4)]:
-        rest, val = pt.carve_validation(n, fraction)  # round half to even: 1.5 -> 2, 2.5 -> 2, 3.5 -> 4
+    for n, fraction, n_val in [
+        (1000, 0.005, 5),
+        (300, 0.005, 2),
+        (500, 0.005, 2),
+        (40, 0.1, 4),
+        (7, 0.5, 4),
+    ]:
+        rest, val = pt.carve_validation(
+            n, fraction
+        )  # round half to even: 1.5 -> 2, 2.5 -> 2, 3.5 -> 4
         assert (len(rest), len(val)) == (n - n_val, n_val), (n, fraction)
-    assert pt.carve_validation(100, 0.1, seed=1)[1].tolist() == pt.carve_validation(100, 0.1, seed=1)[1].tolist()
-    assert pt.carve_validation(100, 0.1, seed=1)[1].tolist() != pt.carve_validation(100, 0.1, seed=2)[1].tolist()
+    assert (
+        pt.carve_validation(100, 0.1, seed=1)[1].tolist()
+        == pt.carve_validation(100, 0.1, seed=1)[1].tolist()
+    )
+    assert (
+        pt.carve_validation(100, 0.1, seed=1)[1].tolist()
+        != pt.carve_validation(100, 0.1, seed=2)[1].tolist()
+    )
     with pytest.raises(ValueError, match="both splits need at least one"):
         pt.carve_validation(1)
 
@@ -593,13 +783,26 @@ def test_id_that_does_not_fit_the_dtype_raises_instead_of_wrapping(tmp_path):
     assert list(tmp_path.iterdir()) == []
     stats = pt.write_token_file([np.array([1, 70000])], tmp_path / "wide.npy", np.uint32)
     assert (stats["n_tokens"], stats["max_token_id"]) == (2, 70000)
-    np.testing.assert_array_equal(np.load(tmp_path / "wide.npy"), np.array([1, 70000], dtype=np.uint32))
+    np.testing.assert_array_equal(
+        np.load(tmp_path / "wide.npy"), np.array([1, 70000], dtype=np.uint32)
+    )
 
 
 def test_max_token_id_is_the_largest_id_of_every_chunk_not_the_first(tmp_path):
-    chunks = [np.array([3, 1]), np.array([], dtype=np.uint32), np.array([7, 60000, 2]), np.array([9])]
-    assert pt.write_token_file(chunks, tmp_path / "t.npy")["max_token_id"] == 60000 == np.load(tmp_path / "t.npy").max()
-    data = make_dataset(tmp_path / "in", MANY[:20], ["v"])  # shards of 7 ids: some hold no EOT, the largest id
+    chunks = [
+        np.array([3, 1]),
+        np.array([], dtype=np.uint32),
+        np.array([7, 60000, 2]),
+        np.array([9]),
+    ]
+    assert (
+        pt.write_token_file(chunks, tmp_path / "t.npy")["max_token_id"]
+        == 60000
+        == np.load(tmp_path / "t.npy").max()
+    )
+    data = make_dataset(
+        tmp_path / "in", MANY[:20], ["v"]
+    )  # shards of 7 ids: some hold no EOT, the largest id
     result = prepare(data, tmp_path / "out", shard_tokens=7, chunk_docs=1)["train"]
     tops = [read_sidecar(shard)["max_token_id"] for shard in result.shards]
     assert tops == [int(np.load(shard).max()) for shard in result.shards] and min(tops) < EOT
@@ -669,14 +872,19 @@ def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
 
 def test_missing_column_lists_available_columns(tmp_path):
     data = make_dataset(tmp_path / "in", DOCS, ["v"])
-    expected = f"cannot read {data / 'train.jsonl'} line 1: column 'body' not found; available: ['text']"
+    expected = (
+        f"cannot read {data / 'train.jsonl'} line 1: column 'body' not found; available: ['text']"
+    )
     with pytest.raises(ValueError, match=re.escape(expected)):
         prepare(data, tmp_path / "out", column="body")
     assert not (tmp_path / "out").exists()
 
 
 def test_none_cell_names_split_row_and_column(tmp_path):
-    write_jsonl(tmp_path / "in" / "train.jsonl", [{"text": "a"}, {"text": "b"}, {"text": None}, {"text": "d"}])
+    write_jsonl(
+        tmp_path / "in" / "train.jsonl",
+        [{"text": "a"}, {"text": "b"}, {"text": None}, {"text": "d"}],
+    )
     with pytest.raises(ValueError, match=r"train.jsonl line 3: column 'text' is None, not text"):
         prepare(tmp_path / "in", tmp_path / "out")
 
@@ -687,17 +895,21 @@ def test_non_text_column_is_refused(tmp_path):
         prepare(tmp_path / "nums", tmp_path / "out")
     (tmp_path / "pq").mkdir()
     datasets.Dataset.from_dict({"text": [1, 2]}).to_parquet(tmp_path / "pq" / "train.parquet")
-    with pytest.raises(ValueError, match=r"column 'text' in .* split train holds .*int64.*not text"):
+    with pytest.raises(
+        ValueError, match=r"column 'text' in .* split train holds .*int64.*not text"
+    ):
         prepare(tmp_path / "pq", tmp_path / "out")
 
 
 def test_empty_split_is_refused(tmp_path, monkeypatch):
     # datasets' own loaders refuse to build an empty split, so hand one over as a save_to_disk folder would.
     features = datasets.Features({"text": datasets.Value("string")})
-    empty = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": ["a", "b"]}, features=features),
-        "validation": datasets.Dataset.from_dict({"text": []}, features=features),
-    })  # fmt: skip
+    empty = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["a", "b"]}, features=features),
+            "validation": datasets.Dataset.from_dict({"text": []}, features=features),
+        }
+    )
     (tmp_path / "saved").mkdir()
     (tmp_path / "saved" / "dataset_dict.json").write_text('{"splits": ["train", "validation"]}')
     monkeypatch.setattr(pt.datasets, "load_from_disk", lambda path: empty)
@@ -705,8 +917,18 @@ def test_empty_split_is_refused(tmp_path, monkeypatch):
         prepare(tmp_path / "saved", tmp_path / "out")
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated_gz", "bad_json_line", "bad_utf8", "bad_json_later",
-                                  "ints_in_one_split", "lone_surrogate"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "empty",
+        "truncated_gz",
+        "bad_json_line",
+        "bad_utf8",
+        "bad_json_later",
+        "ints_in_one_split",
+        "lone_surrogate",
+    ],
+)
 def test_an_unreadable_input_is_one_error_naming_file_and_line(tmp_path, kind, capsys):
     import gzip
     import random
@@ -714,7 +936,10 @@ def test_an_unreadable_input_is_one_error_naming_file_and_line(tmp_path, kind, c
     folder = tmp_path / "in"
     folder.mkdir()
     rng = random.Random(0)  # text that does not compress away, so half the .gz is half the data
-    rows = "".join(json.dumps({"text": "".join(rng.choice("abcdefgh ") for _ in range(200))}) + "\n" for _ in range(3000))
+    rows = "".join(
+        json.dumps({"text": "".join(rng.choice("abcdefgh ") for _ in range(200))}) + "\n"
+        for _ in range(3000)
+    )
     file, where = folder / "train.jsonl", r" line 2: "
     if kind == "empty":
         file.write_text("")
@@ -743,14 +968,18 @@ def test_an_unreadable_input_is_one_error_naming_file_and_line(tmp_path, kind, c
         pt.main(["--dataset", str(folder), "--out", str(tmp_path / "out")])
     message = exc.value.code
     assert isinstance(message, str) and "\n" not in message  # printed as one line, exit status 1
-    assert re.fullmatch(rf"prepare_tokens.py: error: cannot read {re.escape(str(file))}{where}.*", message), message
+    assert re.fullmatch(
+        rf"prepare_tokens.py: error: cannot read {re.escape(str(file))}{where}.*", message
+    ), message
     assert "Traceback" not in capsys.readouterr().err
     assert not (tmp_path / "out" / "train.npy").exists()
 
 
 def test_unknown_split_and_missing_path(tmp_path):
     data = make_dataset(tmp_path / "in", DOCS, ["v"])
-    with pytest.raises(ValueError, match=r"split 'test' not found .* available: \['train', 'validation'\]"):
+    with pytest.raises(
+        ValueError, match=r"split 'test' not found .* available: \['train', 'validation'\]"
+    ):
         prepare(data, tmp_path / "out", splits=["train", "test"])
     with pytest.raises(FileNotFoundError, match="no such file or folder"):
         prepare(tmp_path / "nowhere", tmp_path / "out")
@@ -768,8 +997,12 @@ def test_other_input_formats(tmp_path, enc, kind):
         datasets.Dataset.from_dict({"text": val}).to_parquet(data / "validation.parquet")
     elif kind == "save_to_disk":
         data = tmp_path / "saved"
-        datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS}),
-                              "validation": datasets.Dataset.from_dict({"text": val})}).save_to_disk(data)  # fmt: skip
+        datasets.DatasetDict(
+            {
+                "train": datasets.Dataset.from_dict({"text": DOCS}),
+                "validation": datasets.Dataset.from_dict({"text": val}),
+            }
+        ).save_to_disk(data)
     elif kind == "jsonl_gz_file":
         import gzip
 
@@ -781,7 +1014,10 @@ def test_other_input_formats(tmp_path, enc, kind):
         lines = [t for t in DOCS + val if "\n" not in t]
         data.write_text("".join(t + "\n" for t in lines), encoding="utf-8")
     results = prepare(data, tmp_path / "out")
-    train, validation = decoded(tmp_path / "out" / "train.npy", enc), decoded(tmp_path / "out" / "validation.npy", enc)
+    train, validation = (
+        decoded(tmp_path / "out" / "train.npy", enc),
+        decoded(tmp_path / "out" / "validation.npy", enc),
+    )
     if kind in ("parquet_folder", "save_to_disk"):
         assert (train, validation) == (DOCS, val)
         assert results["train"].meta["source"]["from_split"] == "train"
@@ -789,26 +1025,57 @@ def test_other_input_formats(tmp_path, enc, kind):
         expected = DOCS + val if kind == "jsonl_gz_file" else lines
         assert sorted(train + validation) == sorted(expected) and len(validation) == 1
         assert results["validation"].meta["source"]["val_fraction"] == pt.VAL_FRACTION
-    assert re.fullmatch(r"sha256:[0-9a-f]{64}", results["train"].meta["source"]["input_fingerprint"])
+    assert re.fullmatch(
+        r"sha256:[0-9a-f]{64}", results["train"].meta["source"]["input_fingerprint"]
+    )
 
 
 def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(tmp_path, enc):
-    stories = ["Once upon a time.\nTom said hi.\n\nThe end.", 'Lily wrote "<|endoftext|>" in a line.', "",
-               "A lone carriage return\rstays inside the story.", "  spaces kept  "]  # fmt: skip
+    stories = [
+        "Once upon a time.\nTom said hi.\n\nThe end.",
+        'Lily wrote "<|endoftext|>" in a line.',
+        "",
+        "A lone carriage return\rstays inside the story.",
+        "  spaces kept  ",
+    ]
     folder = tmp_path / "tinystories_v2"
     folder.mkdir()
-    (folder / "train.txt").write_bytes("".join(f"{s}\n<|endoftext|>\n" for s in stories).encode())  # TinyStoriesV2
-    crlf = [s.replace("\n", "\r\n") for s in stories]  # a Windows copy; the last story has no separator after it
-    (folder / "validation.txt").write_bytes(("\r\n  <|endoftext|> \r\n".join(crlf) + "\r\n").encode())
+    (folder / "train.txt").write_bytes(
+        "".join(f"{s}\n<|endoftext|>\n" for s in stories).encode()
+    )  # TinyStoriesV2
+    crlf = [
+        s.replace("\n", "\r\n") for s in stories
+    ]  # a Windows copy; the last story has no separator after it
+    (folder / "validation.txt").write_bytes(
+        ("\r\n  <|endoftext|> \r\n".join(crlf) + "\r\n").encode()
+    )
     results = prepare(folder, tmp_path / "out")
-    assert decoded(tmp_path / "out" / "train.npy", enc) == stories and results["train"].meta["n_docs"] == 5
-    assert decoded(tmp_path / "out" / "validation.npy", enc) == crlf  # "\r\n" inside a story is kept as it was
-    lines = ["one document", "a lone \r is not a line break", "", "<|endoftext|> is text on a longer line"]
-    (folder / "train.txt").write_bytes("\r\n".join(lines).encode())  # no separator line: one document per line
+    assert (
+        decoded(tmp_path / "out" / "train.npy", enc) == stories
+        and results["train"].meta["n_docs"] == 5
+    )
+    assert (
+        decoded(tmp_path / "out" / "validation.npy", enc) == crlf
+    )  # "\r\n" inside a story is kept as it was
+    lines = [
+        "one document",
+        "a lone \r is not a line break",
+        "",
+        "<|endoftext|> is text on a longer line",
+    ]
+    (folder / "train.txt").write_bytes(
+        "\r\n".join(lines).encode()
+    )  # no separator line: one document per line
     (folder / "validation.txt").write_bytes(b"v\n")
-    assert decoded(tmp_path / "out" / "train.npy", enc) != lines and prepare(folder, tmp_path / "out")["train"].written
+    assert (
+        decoded(tmp_path / "out" / "train.npy", enc) != lines
+        and prepare(folder, tmp_path / "out")["train"].written
+    )
     assert decoded(tmp_path / "out" / "train.npy", enc) == lines
-    assert "lines of only <|endoftext|> (TinyStoriesV2-GPT4-train.txt) holds the stories" in " ".join(pt._parser().format_help().split())  # the rule, in --help
+    assert (
+        "lines of only <|endoftext|> (TinyStoriesV2-GPT4-train.txt) holds the stories"
+        in " ".join(pt._parser().format_help().split())
+    )  # the rule, in --help
 
 
 # --- parameters and output folder -----------------------------------------------------------------
@@ -817,12 +1084,20 @@ def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"num_threads": 0}, {"num_threads": -2}, {"chunk_docs": 0},
-        {"val_fraction": float("nan")}, {"val_fraction": float("inf")}, {"val_fraction": 0.0},
-        {"val_fraction": 1.0}, {"val_fraction": -0.1}, {"layout": "csv"}, {"seed": -1},
-        {"splits": []}, {"splits": ["train", "train"]},
+        {"num_threads": 0},
+        {"num_threads": -2},
+        {"chunk_docs": 0},
+        {"val_fraction": float("nan")},
+        {"val_fraction": float("inf")},
+        {"val_fraction": 0.0},
+        {"val_fraction": 1.0},
+        {"val_fraction": -0.1},
+        {"layout": "csv"},
+        {"seed": -1},
+        {"splits": []},
+        {"splits": ["train", "train"]},
     ],
-)  # fmt: skip
+)
 def test_bad_parameters_fail_before_any_work(tmp_path, kwargs):
     missing = tmp_path / "no_such_dataset"  # would raise FileNotFoundError if loading started
     with pytest.raises(ValueError):
@@ -832,17 +1107,19 @@ def test_bad_parameters_fail_before_any_work(tmp_path, kwargs):
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--num-threads", "0"], "num_threads must be at least 1, got 0"),
-     (["--chunk-docs", "-1"], "chunk_docs must be at least 1, got -1"),
-     (["--val-fraction", "nan"], "val_fraction must be strictly between 0 and 1, got nan"),
-     (["--val-fraction", "1"], "val_fraction must be strictly between 0 and 1, got 1.0"),
-     (["--seed", "-1"], "seed must be an int >= 0, got -1"),
-     (["--splits", "../x"], "split name '../x' cannot be a file name"),
-     (["--format", "csv"], "argument --format: invalid choice: 'csv'"),
-     (["--shard-tokens", "0"], "shard_tokens must be at least 1, got 0"),
-     (["--shard-tokens", "1e6"], "argument --shard-tokens: invalid int value: '1e6'"),
-     (["--eot", "after"], "argument --eot: invalid choice: 'after'")],
-)  # fmt: skip
+    [
+        (["--num-threads", "0"], "num_threads must be at least 1, got 0"),
+        (["--chunk-docs", "-1"], "chunk_docs must be at least 1, got -1"),
+        (["--val-fraction", "nan"], "val_fraction must be strictly between 0 and 1, got nan"),
+        (["--val-fraction", "1"], "val_fraction must be strictly between 0 and 1, got 1.0"),
+        (["--seed", "-1"], "seed must be an int >= 0, got -1"),
+        (["--splits", "../x"], "split name '../x' cannot be a file name"),
+        (["--format", "csv"], "argument --format: invalid choice: 'csv'"),
+        (["--shard-tokens", "0"], "shard_tokens must be at least 1, got 0"),
+        (["--shard-tokens", "1e6"], "argument --shard-tokens: invalid int value: '1e6'"),
+        (["--eot", "after"], "argument --eot: invalid choice: 'after'"),
+    ],
+)
 def test_cli_rejects_bad_parameters(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         pt.main(argv)
@@ -854,7 +1131,10 @@ def test_output_folder_checks(tmp_path):
     data = make_dataset(tmp_path / "in", DOCS, ["v"])
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
-    with pytest.raises(ValueError, match=re.escape(f"cannot create output folder {str(a_file)!r}: {str(a_file)!r} is a file")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f"cannot create output folder {str(a_file)!r}: {str(a_file)!r} is a file"),
+    ):
         prepare(data, a_file)
     with pytest.raises(ValueError, match="is a file"):
         prepare(data, a_file / "sub")
@@ -869,13 +1149,23 @@ def test_output_folder_checks(tmp_path):
 
 def test_a_dangling_out_link_fails_before_the_dataset_loads(tmp_path, monkeypatch):
     data = make_dataset(tmp_path / "in", DOCS, ["v"])
-    monkeypatch.setattr(pt, "load_text_splits", lambda *a, **k: pytest.fail("the dataset was loaded"))
-    for out, named in ((tmp_path / "link", "link"), (tmp_path / "link2" / "sub", "link2")):  # the folder, or a parent
+    monkeypatch.setattr(
+        pt, "load_text_splits", lambda *a, **k: pytest.fail("the dataset was loaded")
+    )
+    for out, named in (
+        (tmp_path / "link", "link"),
+        (tmp_path / "link2" / "sub", "link2"),
+    ):  # the folder, or a parent
         (tmp_path / named).symlink_to(tmp_path / "missing" / "target")
-        with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / named))}' is a link to .*missing/target.*"
-                                             "which does not exist"):  # fmt: skip
+        with pytest.raises(
+            ValueError,
+            match=rf"{re.escape(str(tmp_path / named))}' is a link to .*missing/target.*"
+            "which does not exist",
+        ):
             prepare(data, out)
-        with pytest.raises(SystemExit, match="which does not exist"):  # the CLI: one line, exit status 1
+        with pytest.raises(
+            SystemExit, match="which does not exist"
+        ):  # the CLI: one line, exit status 1
             pt.main(["--dataset", str(data), "--out", str(out)])
         assert not (tmp_path / "missing").exists()
 
@@ -884,12 +1174,16 @@ def test_an_unreadable_sidecar_means_rebuild_without_force(tmp_path):
     data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
     first = prepare(data, out)["train"].meta
     side = sidecar_path(out / "train.npy")
-    side.write_text(re.sub(r'"n_tokens": \d+', '"n_tokens": ' + "9" * 5000, side.read_text()))  # past int() digit limit
+    side.write_text(
+        re.sub(r'"n_tokens": \d+', '"n_tokens": ' + "9" * 5000, side.read_text())
+    )  # past int() digit limit
     with pytest.raises(TokenFileError, match=re.escape(str(side))):
         read_sidecar(out / "train.npy")
     again = prepare(data, out)["train"]
     assert again.written and read_sidecar(out / "train.npy") == again.meta
-    assert {k: v for k, v in again.meta.items() if k != "created_by"} == {k: v for k, v in first.items() if k != "created_by"}
+    assert {k: v for k, v in again.meta.items() if k != "created_by"} == {
+        k: v for k, v in first.items() if k != "created_by"
+    }
 
 
 def test_hub_probe_honours_offline_mode(monkeypatch):
@@ -901,7 +1195,9 @@ def test_hub_probe_honours_offline_mode(monkeypatch):
 
 def test_unreachable_hub_fails_at_once_naming_offline_mode_and_the_sample(monkeypatch):
     def never(*args, **kwargs):
-        raise AssertionError("load_dataset called: it would retry the unreachable Hub for half a minute")
+        raise AssertionError(
+            "load_dataset called: it would retry the unreachable Hub for half a minute"
+        )
 
     monkeypatch.setattr(pt, "hub_reachable", lambda timeout=pt.HUB_PROBE_TIMEOUT_S: False)
     monkeypatch.setattr(datasets, "load_dataset", never)
@@ -925,17 +1221,30 @@ def test_unreachable_hub_fails_at_once_naming_offline_mode_and_the_sample(monkey
 
 def test_cli_offline_hub_name_fails_fast_naming_the_sample(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    for var in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_OFFLINE"):
+    for var in (
+        "HF_DATASETS_CACHE",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_DATASETS_OFFLINE",
+    ):
         env.pop(var, None)  # everything under the empty HF_HOME: no cache can answer
     start = time.monotonic()
-    command = [sys.executable, "python_files/prepare_tokens.py", "--dataset", "roneneldan/TinyStories",
-               "--out", str(tmp_path / "out")]  # fmt: skip
+    command = [
+        sys.executable,
+        "python_files/prepare_tokens.py",
+        "--dataset",
+        "roneneldan/TinyStories",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr
     assert elapsed < 20
     assert "Hugging Face Hub is unreachable" in proc.stderr
-    assert "--dataset materials/tinystories_sample" in proc.stderr and "omit --dataset" in proc.stderr
+    assert (
+        "--dataset materials/tinystories_sample" in proc.stderr and "omit --dataset" in proc.stderr
+    )
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     assert not (tmp_path / "out").exists()
 
@@ -946,10 +1255,19 @@ def test_cli_offline_hub_name_fails_fast_naming_the_sample(tmp_path):
 def test_cli_end_to_end_on_bundled_sample(tmp_path, enc):
     # Not skipped when the sample is missing: the repository promises it.
     for split in ("train", "validation"):
-        assert (SAMPLE / f"{split}.jsonl").is_file(), f"bundled sample missing: {SAMPLE / f'{split}.jsonl'}"
-    foreign = tmp_path / "their_tiktoken_cache"  # a user's own TIKTOKEN_CACHE_DIR, without GPT-2, and no network
+        assert (SAMPLE / f"{split}.jsonl").is_file(), (
+            f"bundled sample missing: {SAMPLE / f'{split}.jsonl'}"
+        )
+    foreign = (
+        tmp_path / "their_tiktoken_cache"
+    )  # a user's own TIKTOKEN_CACHE_DIR, without GPT-2, and no network
     foreign.mkdir()
-    env = dict(os.environ, HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"), TIKTOKEN_CACHE_DIR=str(foreign), **NO_NETWORK)
+    env = dict(
+        os.environ,
+        HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"),
+        TIKTOKEN_CACHE_DIR=str(foreign),
+        **NO_NETWORK,
+    )
     command = [sys.executable, "python_files/prepare_tokens.py", "--out", str(tmp_path)]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -960,10 +1278,18 @@ def test_cli_end_to_end_on_bundled_sample(tmp_path, enc):
         texts = [json.loads(row)["text"] for row in rows]
         path = (tmp_path / f"{split}.npy").resolve()
         tokens = open_tokens(path, verify=True)
-        assert line == f"{split}: {len(texts):,} docs, {tokens.size:,} tokens, uint16 -> {path} (written)"
+        assert (
+            line
+            == f"{split}: {len(texts):,} docs, {tokens.size:,} tokens, uint16 -> {path} (written)"
+        )
         assert decoded(tmp_path / f"{split}.npy", enc) == texts
-        np.testing.assert_array_equal(tokens, reference_tokens(texts, enc))  # the ids tiktoken's own gpt2 gives
-        assert read_sidecar(tmp_path / f"{split}.npy")["source"]["dataset"] == "materials/tinystories_sample"
+        np.testing.assert_array_equal(
+            tokens, reference_tokens(texts, enc)
+        )  # the ids tiktoken's own gpt2 gives
+        assert (
+            read_sidecar(tmp_path / f"{split}.npy")["source"]["dataset"]
+            == "materials/tinystories_sample"
+        )
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     assert [line.endswith("(up to date)") for line in rerun.stdout.splitlines()] == [True, True]
@@ -973,7 +1299,14 @@ def test_cli_shard_tokens_writes_shards_the_dataset_reads_by_glob(tmp_path):
     from npy_datasets import NpyTokensDataset
 
     env = dict(os.environ, HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"))
-    command = [sys.executable, "python_files/prepare_tokens.py", "--out", str(tmp_path), "--shard-tokens", "100000"]
+    command = [
+        sys.executable,
+        "python_files/prepare_tokens.py",
+        "--out",
+        str(tmp_path),
+        "--shard-tokens",
+        "100000",
+    ]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     pattern = (tmp_path / f"train_{'[0-9]' * 6}.npy").resolve()
@@ -988,5 +1321,11 @@ def test_cli_shard_tokens_writes_shards_the_dataset_reads_by_glob(tmp_path):
 
 def test_importing_prepare_tokens_does_not_import_torch():
     code = "import sys, prepare_tokens; print(sorted(m for m in ('torch', 'npy_datasets') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "python_files", capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT / "python_files",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.stdout.strip() == "['npy_datasets']", out.stderr

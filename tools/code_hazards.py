@@ -25,10 +25,20 @@ PICKLE_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "joblib
 
 def project_sources(root: Path) -> list[tuple[str, str]]:
     """(name, Python source) of every .py file and every notebook's code cells, virtual environments excluded."""
-    skip = {".git", "data", "__pycache__", "node_modules", ".ipynb_checkpoints", ".hypothesis", ".pytest_cache"}
+    skip = {
+        ".git",
+        "data",
+        "__pycache__",
+        "node_modules",
+        ".ipynb_checkpoints",
+        ".hypothesis",
+        ".pytest_cache",
+    }
     paths = []
     for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in skip and not (Path(folder, d) / "pyvenv.cfg").exists()]  # no venvs
+        dirs[:] = [
+            d for d in dirs if d not in skip and not (Path(folder, d) / "pyvenv.cfg").exists()
+        ]  # no venvs
         paths += [Path(folder, f) for f in files]
     sources = []
     for path in sorted(paths):
@@ -38,7 +48,11 @@ def project_sources(root: Path) -> list[tuple[str, str]]:
         elif path.suffix == ".ipynb":
             cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
             code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
-            lines = ("" if line.lstrip().startswith(("%", "!")) else line for cell in code for line in cell.splitlines())
+            lines = (
+                "" if line.lstrip().startswith(("%", "!")) else line
+                for cell in code
+                for line in cell.splitlines()
+            )
             sources.append((str(rel), "\n".join(lines)))
     return sources
 
@@ -70,17 +84,30 @@ def code_hazards(source: str) -> list[str]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 root = alias.name.split(".")[0]
-                (pickles if root in PICKLE_MODULES else torches if root == "torch" else set()).add(alias.asname or root)
+                (pickles if root in PICKLE_MODULES else torches if root == "torch" else set()).add(
+                    alias.asname or root
+                )
         elif isinstance(node, ast.ImportFrom) and node.module:
             for alias in node.names:
-                if node.module.split(".")[0] in PICKLE_MODULES and alias.name in ("load", "loads", "Unpickler"):
+                if node.module.split(".")[0] in PICKLE_MODULES and alias.name in (
+                    "load",
+                    "loads",
+                    "Unpickler",
+                ):
                     found.append(f"line {node.lineno}: imports {node.module}.{alias.name}")
                 if node.module == "torch" and alias.name == "load":
-                    found.append(f"line {node.lineno}: imports torch.load (use torch.load(..., weights_only=True))")
+                    found.append(
+                        f"line {node.lineno}: imports torch.load (use torch.load(..., weights_only=True))"
+                    )
 
     def is_dumps(value):
-        return (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "dumps"
-                and isinstance(value.func.value, ast.Name) and value.func.value.id in pickles)  # fmt: skip
+        return (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and value.func.attr == "dumps"
+            and isinstance(value.func.value, ast.Name)
+            and value.func.value.id in pickles
+        )
 
     for nodes in _scopes(tree):
         assigned: dict[str, bool] = {}
@@ -89,13 +116,19 @@ def code_hazards(source: str) -> list[str]:
                 for target in node.targets:
                     if isinstance(target, ast.Name):
                         assigned[target.id] = assigned.get(target.id, True) and is_dumps(node.value)
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and isinstance(node.target, ast.Name):
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and isinstance(
+                node.target, ast.Name
+            ):
                 assigned[node.target.id] = False
         for node in nodes:
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
-            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else None
+            owner = (
+                func.value.id
+                if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                else None
+            )
             keywords = {k.arg: k.value for k in node.keywords}
             if owner in pickles and func.attr in ("load", "Unpickler"):
                 found.append(f"line {node.lineno}: {owner}.{func.attr}")
@@ -103,7 +136,9 @@ def code_hazards(source: str) -> list[str]:
                 arg = node.args[0] if node.args else None
                 own = is_dumps(arg) or (isinstance(arg, ast.Name) and assigned.get(arg.id, False))
                 if not own:
-                    found.append(f"line {node.lineno}: {owner}.loads of bytes not made by {owner}.dumps here")
+                    found.append(
+                        f"line {node.lineno}: {owner}.loads of bytes not made by {owner}.dumps here"
+                    )
             if isinstance(func, ast.Attribute) and func.attr == "read_pickle":
                 found.append(f"line {node.lineno}: read_pickle")
             if owner in torches and func.attr == "load":
@@ -111,7 +146,9 @@ def code_hazards(source: str) -> list[str]:
                 if not (isinstance(weights_only, ast.Constant) and weights_only.value is True):
                     found.append(f"line {node.lineno}: torch.load without weights_only=True")
             for name in ("allow_pickle", "trust_remote_code"):
-                if name in keywords and not (isinstance(keywords[name], ast.Constant) and keywords[name].value is False):
+                if name in keywords and not (
+                    isinstance(keywords[name], ast.Constant) and keywords[name].value is False
+                ):
                     found.append(f"line {node.lineno}: {name}={ast.unparse(keywords[name])}")
     return found
 
@@ -123,7 +160,12 @@ def main(argv: list[str]) -> int:
             path = Path(name)
             if path.suffix == ".ipynb":
                 cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-                sources.append((name, "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")))
+                sources.append(
+                    (
+                        name,
+                        "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code"),
+                    )
+                )
             else:
                 sources.append((name, path.read_text(encoding="utf-8")))
     else:

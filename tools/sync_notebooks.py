@@ -24,8 +24,10 @@ from pathlib import Path
 
 import nbformat
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # test_notebooks holds the comparison
-from test_notebooks import MODULES, NOTEBOOKS, ROOT, definitions, taught_definitions  # noqa: E402
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "tests")
+)  # test_notebooks holds the comparison
+from test_notebooks import MODULES, NOTEBOOKS, definitions, taught_definitions  # noqa: E402 (imported after the sys.path line above)
 
 
 def _first_line(node: ast.AST) -> int:
@@ -96,7 +98,9 @@ def sync_cell(
 
     A class taught in this cell also gets its own part (header, docstring) replaced when that drifted,
     and gains the module's methods that no notebook teaches yet, each after the method before it."""
-    parsable = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    parsable = "\n".join(
+        "" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
+    )
     try:
         tree = ast.parse(parsable)
     except SyntaxError:
@@ -104,7 +108,11 @@ def sync_cell(
     mine = definitions(ast.parse(parsable))
     attached = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Attribute)
+        ):
             target = node.targets[0]
             if isinstance(target.value, ast.Name) and isinstance(node.value, ast.Name):
                 attached[node.value.id] = f"{target.value.id}.{target.attr}"
@@ -113,8 +121,11 @@ def sync_cell(
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             candidates.append((attached.get(node.name, node.name), node))
         elif isinstance(node, ast.ClassDef):
-            candidates += [(f"{node.name}.{item.name}", item) for item in node.body
-                           if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]  # fmt: skip
+            candidates += [
+                (f"{node.name}.{item.name}", item)
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(t, ast.Name) and t.id.isupper():
@@ -125,7 +136,9 @@ def sync_cell(
     def indented(name: str, col: int) -> str:
         return textwrap.indent(texts[name][0], " " * col, lambda line: line.strip() != "")
 
-    def replacing(first: int, last: int, text: str) -> str:  # keep the cell's ending: no newline after its last line
+    def replacing(
+        first: int, last: int, text: str
+    ) -> str:  # keep the cell's ending: no newline after its last line
         return text if lines[last - 1].endswith("\n") else text.rstrip("\n")
 
     for name, node in candidates:
@@ -138,7 +151,14 @@ def sync_cell(
             continue
         if mine.get(node.name) not in dumps[node.name]:
             first, last = _header_lines(node, lines)
-            edits.append((first, last, replacing(first, last, indented(node.name, node.col_offset)), node.name))
+            edits.append(
+                (
+                    first,
+                    last,
+                    replacing(first, last, indented(node.name, node.col_offset)),
+                    node.name,
+                )
+            )
         here = {item.name: item for item in _methods(node)}
         col = next(iter(here.values())).col_offset if here else node.col_offset + 4
         for k, method in enumerate((methods or {}).get(node.name, [])):
@@ -150,7 +170,9 @@ def sync_cell(
             newline = "" if lines[after - 1].endswith("\n") else "\n"
             edits.append((after + 1, after, newline + "\n" + indented(name, col), name))
     # from the end, so line numbers stay valid; methods inserted at one place go in module order
-    for _, (first, last, new, _) in sorted(enumerate(edits), key=lambda e: (e[1][0], e[1][1], e[0]), reverse=True):
+    for _, (first, last, new, _) in sorted(
+        enumerate(edits), key=lambda e: (e[1][0], e[1][1], e[0]), reverse=True
+    ):
         lines[first - 1 : last] = [new]
     text = "".join(lines)
     return (text if source.endswith("\n") else text.rstrip("\n")), [name for *_, name in edits]
@@ -160,15 +182,24 @@ def execute(notebook: Path) -> None:
     from nbclient import NotebookClient
 
     nb = nbformat.read(notebook, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": str(notebook.parent)}}).execute()  # fmt: skip
+    NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        record_timing=False,
+        resources={"metadata": {"path": str(notebook.parent)}},
+    ).execute()
     nbformat.write(nb, notebook)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook has drifted")
-    parser.add_argument("--execute", action="store_true", help="re-execute the notebooks after syncing")
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if a notebook has drifted"
+    )
+    parser.add_argument(
+        "--execute", action="store_true", help="re-execute the notebooks after syncing"
+    )
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to sync (default: all)")
     args = parser.parse_args(argv)
     dumps, texts, methods = module_sources()
