@@ -1,4 +1,4 @@
-"""One rank of a real torchrun job for tests/test_scale.py (gloo on the CPU, no GPU needed).
+"""One rank of a real torchrun job for tests/test_loaders.py (gloo on the CPU, no GPU needed).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_worker.py \
         --out DIR --train FILE --val FILE --seq-len 8 --batch-size 3 [--rank1-seq-len 16 | --rank1-train OTHER | --rank1-seed 4]

@@ -1,4 +1,4 @@
-"""Resume a DataLoader over an EpochSampler from saved states in a fresh process, for tests/test_scale.py.
+"""Resume a DataLoader over an EpochSampler from saved states in a fresh process, for tests/test_resume.py.
 
     python tests/resume_worker.py < jobs.json > results.json
 

@@ -1,4 +1,6 @@
-"""One layout and one lint set for every Python file and notebook: ruff, pinned in requirements.txt.
+"""One layout and one lint set for every Python file and notebook: ruff, pinned in requirements.txt;
+and code_hazards, the linter for the ways this project must never load data (catalogue items 72
+and 77, tests/bad_inputs.md).
 
 After an edit, `.venv/bin/ruff format . && .venv/bin/ruff check --fix .` from the repository root
 makes these pass. The notebook/module agreement test compares syntax trees, so formatting a
@@ -11,6 +13,7 @@ import sys
 
 import pytest
 
+from code_hazards import code_hazards, project_sources
 from conftest import ROOT
 
 FOLDERS = ("python_files", "tests", "tools", "benchmarks", "materials")
@@ -42,3 +45,42 @@ def test_no_format_escape_and_every_noqa_says_why(path):
         match = re.search(r"#\s*noqa(: [A-Z0-9, ]+)?(.*)", line)
         if match:  # the reason follows the codes, on the same line: "# noqa: E402 (after sys.path)"
             assert match[2].strip(' \\n",'), f"{path.name}: noqa without a reason: {line.strip()}"
+
+
+def test_item_72_77_no_pickle_loading_or_remote_code():
+    bad = {  # each snippet must be caught, with the reason in the message
+        "import pickle\nwith open('c.pkl', 'rb') as f:\n    cache = pickle.load(f)": "pickle.load",
+        "import pickle as pk\ndata = pk.loads(blob)": "pk.loads of bytes not made by pk.dumps",
+        "import pickle\nblob = pickle.dumps(x)\nblob = open('c', 'rb').read()\nobj = pickle.loads(blob)": "pickle.loads of bytes",
+        "from pickle import loads": "imports pickle.loads",
+        "import numpy as np\nids = np.load('t.npy', allow_pickle=True)": "allow_pickle=True",
+        "import numpy\nflag = True\nids = numpy.load(p, allow_pickle=flag)": "allow_pickle=flag",
+        "import torch\nstate = torch.load('ckpt.pt')": "torch.load without weights_only=True",
+        "import torch as T\nstate = T.load('ckpt.pt', weights_only=False)": "torch.load without weights_only=True",
+        "from torch import load": "imports torch.load",
+        "import pandas as pd\ndf = pd.read_pickle('x')": "read_pickle",
+        "import datasets\nds = datasets.load_dataset('x/y', trust_remote_code=True)": "trust_remote_code=True",
+        "import joblib\nmodel = joblib.load('m.joblib')": "joblib.load",
+    }
+    for snippet, reason in bad.items():
+        hazards = code_hazards(snippet)
+        assert len(hazards) == 1 and reason in hazards[0], (snippet, hazards)
+    good = [
+        "import pickle\nclone = pickle.loads(pickle.dumps(ds))",
+        "import pickle\ndef f(ds):\n    blob = pickle.dumps(ds)\n    return pickle.loads(blob)",
+        "import numpy as np\nids = np.load('t.npy', mmap_mode='r')\nids = np.load('t.npy', allow_pickle=False)",
+        "import torch\nstate = torch.load('ckpt.pt', weights_only=True)",
+        "import json\nmeta = json.loads(text)",
+    ]
+    for snippet in good:
+        assert code_hazards(snippet) == [], snippet
+    sources = project_sources(ROOT)
+    names = {name for name, _ in sources}
+    assert {
+        "python_files/npy_datasets.py",
+        "python_files/prepare_tokens.py",
+        "notebooks/03_build_the_dataset.ipynb",
+        "tests/test_catalogue.py",
+    } <= names
+    hazards = [f"{name}: {h}" for name, source in sources for h in code_hazards(source)]
+    assert hazards == []

@@ -5,7 +5,7 @@ torch.load without weights_only=True, pandas' read_pickle, and Hub remote code (
     python tools/code_hazards.py              # every .py file and notebook of the repository
     python tools/code_hazards.py FILE ...     # these .py files or notebooks
 
-Prints one line per hazard and exits 1 if there is any. tests/test_catalogue.py runs it on the
+Prints one line per hazard and exits 1 if there is any. tests/test_style.py runs it on the
 repository (items 72-77 of tests/bad_inputs.md).
 """
 

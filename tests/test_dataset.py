@@ -1,0 +1,397 @@
+"""NpyTokensDataset on one file: its windows and random starts, the index forms, the batched
+gather, and its parameters.
+
+Token files hold arange tokens (token i at position i), so every window proves its place.
+Catalogue items 24-28 and 39 (tests/bad_inputs.md).
+"""
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+import npy_datasets as nd
+from conftest import dataset_error, header_for, npy_bytes, refused, write_tokens
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+# --- windows ------------------------------------------------------------------------------------
+
+
+@FAST
+@given(n=st.integers(2, 3000), seq_len=st.integers(1, 600))
+def test_windows_cover_every_token_once(n, seq_len):
+    if n < seq_len + 1:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = nd.NpyTokensDataset(
+            write_tokens(Path(tmp) / "t.npy", np.arange(n, dtype=np.uint32)), seq_len
+        )
+        assert len(ds) == (n - 1) // seq_len
+        xs = []
+        for i in range(len(ds)):
+            x, y = ds[i]
+            assert x.tolist() == list(range(i * seq_len, (i + 1) * seq_len))
+            assert y.tolist() == (x + 1).tolist()
+            xs.extend(x.tolist())
+        assert xs == list(range(len(ds) * seq_len))  # disjoint, in order, nothing skipped
+        assert n - 1 - len(ds) * seq_len < seq_len  # the dropped tail is shorter than a window
+
+
+@FAST
+@given(
+    n=st.integers(2, 3000),
+    seq_len=st.integers(1, 300),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 50),
+)
+def test_epoch_offset_shifts_every_window_by_one_offset(n, seq_len, seed, epoch):
+    if n < 2 * seq_len:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tokens(Path(tmp) / "t.npy", np.arange(n, dtype=np.uint32))
+        ds = nd.NpyTokensDataset(path, seq_len, epoch_offset=True, seed=seed)
+        assert len(ds) == (n - seq_len) // seq_len
+        offset = ds[(epoch, 0)][0][0].item()
+        assert 0 <= offset < seq_len
+        for i in range(len(ds)):
+            x, y = ds[(epoch, i)]
+            assert x[0].item() == offset + i * seq_len
+            assert y[-1].item() < n
+
+
+@FAST
+@given(
+    n=st.integers(2, 2000),
+    seq_len=st.integers(1, 200),
+    seed=st.integers(0, 1000),
+    epoch=st.integers(0, 9),
+)
+def test_random_starts_stay_in_range_and_repeat_for_the_same_key(n, seq_len, seed, epoch):
+    if n < seq_len + 1:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tokens(Path(tmp) / "t.npy", np.arange(n, dtype=np.uint32))
+        ds = nd.NpyTokensDataset(path, seq_len, mode="random", seed=seed)
+        again = nd.NpyTokensDataset(path, seq_len, mode="random", seed=seed)
+        for i in range(min(len(ds), 20)):
+            x, y = ds[(epoch, i)]
+            assert 0 <= x[0].item() <= n - seq_len - 1
+            assert x.tolist() == list(range(x[0].item(), x[0].item() + seq_len))
+            assert y.tolist() == (x + 1).tolist()
+            assert torch.equal(again[(epoch, i)][0], x)
+
+
+def test_random_mode_covers_all_starts_and_changes_with_seed_and_epoch(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(50), 9, mode="random", num_samples=4000)
+    starts = {ds[i][0][0].item() for i in range(len(ds))}
+    assert starts == set(range(50 - 9))  # every valid start, the last one (40) included
+    first = [ds[(0, i)][0][0].item() for i in range(30)]
+    assert first != [ds[(1, i)][0][0].item() for i in range(30)]
+    other = nd.NpyTokensDataset(arange_file(50), 9, mode="random", num_samples=4000, seed=1)
+    assert first != [other[(0, i)][0][0].item() for i in range(30)]
+
+
+def test_two_d_rows_are_separate_sequences(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(60, shape=(3, 20)), 6)
+    assert len(ds) == 3 * ((20 - 1) // 6)
+    starts = [ds[i][0][0].item() for i in range(len(ds))]
+    assert starts == [0, 6, 12, 20, 26, 32, 40, 46, 52]
+    rnd = nd.NpyTokensDataset(
+        arange_file(60, shape=(3, 20), name="r.npy"), 6, mode="random", num_samples=500
+    )
+    for i in range(len(rnd)):
+        x, y = rnd[i]
+        assert x[0].item() // 20 == y[-1].item() // 20  # never crosses into the next row
+
+
+def test_item_28_offsets_past_2_31_tokens(tmp_path):
+    n = 2**31 + 1000  # 8 GiB of uint32 ids, stored sparsely: only the last 1000 are written
+    header = npy_bytes(header_for("'<u4'", shape=f"({n},)").ljust(117, b" ") + b"\n")
+    path = tmp_path / "huge.npy"
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + 4 * n)
+        f.seek(len(header) + 4 * (n - 1000))
+        f.write(np.arange(n - 1000, n, dtype=np.uint32).tobytes())
+    assert path.stat().st_blocks * 512 < 1 << 20, "the filesystem did not keep the file sparse"
+    ds = nd.NpyTokensDataset(path, 100)
+    assert len(ds) == (n - 1) // 100
+    start = (len(ds) - 1) * 100  # above 2**31 - 1: an int32 offset would wrap negative
+    assert start > 2**31
+    x, y = ds[-1]
+    assert x.tolist() == list(range(start, start + 100)) and y[-1].item() == start + 100
+    bx, _ = ds[[len(ds) - 1, 0]]
+    assert bx[0, 0].item() == start and bx[1].tolist() == [0] * 100
+    files, firsts = ds.locate(np.array([0]), np.array([len(ds) - 1]))
+    assert firsts.dtype == np.int64 and int(firsts[0]) == start and files.tolist() == [0]
+
+
+# --- index forms --------------------------------------------------------------------------------
+
+
+def test_index_types(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(100), 9)
+    assert ds[np.int64(3)][0][0].item() == 27
+    assert ds[torch.tensor(3)][0][0].item() == 27
+    assert ds[-1][0][0].item() == ds[len(ds) - 1][0][0].item()
+    for bad, err in [
+        (len(ds), IndexError),
+        (-len(ds) - 1, IndexError),
+        (1.0, TypeError),
+        (slice(0, 2), TypeError),
+        (True, TypeError),
+        ((0, 1, 2), TypeError),
+        ((-1, 0), ValueError),
+    ]:
+        with pytest.raises(err):
+            ds[bad]
+
+
+def test_a_batch_of_bad_indices_names_the_bad_one(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(100), 9)
+    for bad, err in [
+        ([0, len(ds)], IndexError),
+        ([(0, 1), (-1, 2)], ValueError),
+        ([1.5, 2], TypeError),
+        ([True, 1], TypeError),
+        ([(0, 1, 2)], TypeError),
+        ([2**70], IndexError),
+    ]:
+        with pytest.raises(err):
+            ds.__getitems__(bad)
+    x, _ = ds[[np.int64(2), -1, torch.tensor(0)]]
+    assert x[:, 0].tolist() == [18, 90, 0]
+
+
+def test_epoch_and_indices_index_a_batch(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(5000), 17, mode="random", seed=3)
+    indices = np.array([4, 0, 7, -1])
+    x, y = ds[2, indices]  # what EpochSampler(batch_size=...) hands a DataLoader
+    pairs = ds[[(2, int(i)) for i in indices]]
+    assert torch.equal(x, pairs[0]) and torch.equal(y, pairs[1])
+    assert torch.equal(x[3], ds[2, len(ds) - 1][0])  # a negative index counts from the end
+    assert not torch.equal(x, ds[3, indices][0])  # another epoch, other random starts
+    for bad, err in [
+        ((2, np.array([len(ds)])), IndexError),
+        ((2, [0, len(ds)]), IndexError),
+        ((-1, indices), ValueError),
+        ((2, [(0, 1)]), TypeError),
+        ((2, np.array([1.5])), TypeError),
+    ]:
+        with pytest.raises(err):
+            ds[bad]
+
+
+def test_negative_indices_in_a_batch_are_the_windows_they_name(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(1000), 8)  # 124 windows: window -1 starts at 8 * 123
+    for keys in ([-1, -124, 3], np.array([-1, -124, 3]), [(0, -1), (0, -124), (0, 3)]):
+        x, _ = ds[keys]
+        assert x[:, 0].tolist() == [984, 0, 24], keys
+    assert [x[:, 0].tolist() for x, _ in DataLoader(ds, batch_size=3, sampler=[-1, -124, 3])] == [
+        [984, 0, 24]
+    ]
+
+
+def test_index_arrays_must_be_1d_integers_and_a_list_of_pairs_holds_epoch_int_pairs(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8)
+    for bad in (np.array([1.0, 2.0]), np.zeros((2, 2), dtype=np.int64), np.array(3)):
+        with pytest.raises(TypeError, match="an index array must be 1-D of integers"):
+            ds[bad]
+    assert torch.equal(ds[np.array([1, 2], dtype=np.uint64)][0], ds[[1, 2]][0])
+    for pairs, bad in (([(0, 1), (0, [1, 2])], r"\(0, \[1, 2\]\)"), ([(0, 1), 5], "5")):
+        with pytest.raises(
+            TypeError,
+            match=rf"a list of \(epoch, index\) pairs holds \(epoch, int\) pairs only, got {bad}$",
+        ):
+            ds[pairs]
+    with pytest.raises(
+        TypeError, match=r"index must be an int or an \(epoch, index\) pair, got tuple \(1, 2\)"
+    ):
+        ds[0, [(1, 2)]]  # an epoch and pairs with epochs of their own: refused, not read as epoch 1
+
+
+def test_getitems_reads_a_tuple_of_ints_as_indices_and_takes_an_epoch_sampler_as_batch_sampler(
+    arange_file,
+):
+    ds = nd.NpyTokensDataset(arange_file(400), 8, epoch_offset=True)
+    assert [x[0].item() for x, _ in ds.__getitems__((5, 7))] == [
+        ds[5][0][0].item(),
+        ds[7][0][0].item(),
+    ]
+    sampler = nd.EpochSampler(ds, batch_size=4, seed=1)
+    expected = [ds[epoch, indices][0] for epoch, indices in sampler]  # epoch 0
+    got = [x for x, _ in DataLoader(ds, batch_sampler=sampler)]  # epoch 1: the sampler moves on
+    sampler.set_epoch(1)
+    assert [torch.equal(a, b) for a, b in zip(got, [ds[e, i][0] for e, i in sampler])] == [
+        True
+    ] * len(got)
+    assert len(got) == len(expected) and not all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+# --- the batched gather -------------------------------------------------------------------------
+
+
+def test_batched_gather_equals_item_by_item(arange_file):
+    cases = [
+        nd.NpyTokensDataset(arange_file(5000), 17),
+        nd.NpyTokensDataset(arange_file(5000, name="o.npy"), 17, epoch_offset=True, seed=4),
+        nd.NpyTokensDataset(
+            arange_file(5000, name="r.npy", dtype=np.uint16), 17, mode="random", seed=9
+        ),
+        nd.NpyTokensDataset(arange_file(4800, name="2d.npy", shape=(12, 400)), 33, mode="random"),
+        nd.NpyTokensDataset(arange_file(4800, name="2w.npy", shape=(12, 400)), 33),
+    ]
+    rng = np.random.default_rng(0)
+    for ds in cases:
+        keys = [
+            (int(e), int(i))
+            for e, i in zip(rng.integers(0, 5, 40), rng.integers(-len(ds), len(ds), 40))
+        ]
+        x, y = ds[keys]
+        assert x.dtype == y.dtype == torch.int64 and x.is_contiguous() and y.is_contiguous()
+        assert torch.equal(x, torch.stack([ds[k][0] for k in keys]))
+        assert torch.equal(y, torch.stack([ds[k][1] for k in keys]))
+        x[0, 0] = -1
+        assert y.min().item() >= 0  # y is its own tensor: editing x cannot change it
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_batches_widen_ids_with_the_top_bit_set_exactly(tmp_path, dtype):
+    top = np.iinfo(dtype).max  # ids with the sign bit set would turn negative in a signed widening
+    tokens = (top - np.arange(3000, dtype=np.int64)).astype(dtype)
+    ds = nd.NpyTokensDataset(write_tokens(tmp_path / "hi.npy", tokens), 16)
+    x, y = ds[[0, 5, 100]]
+    assert x.shape == y.shape == (3, 16) and x.dtype == y.dtype == torch.int64
+    assert x[0, 0].item() == top and x[1, 0].item() == top - 80 and torch.equal(y[:, :-1], x[:, 1:])
+    assert all(torch.equal(a, b) for a, b in zip(nd.to_device((x, y), "cpu"), (x, y)))
+
+
+def test_item_39_windows_are_int64_copies(tmp_path):
+    path = write_tokens(tmp_path / "t.npy", np.arange(200, dtype=np.uint16))
+    ds = nd.NpyTokensDataset(path, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. torch's warning about non-writable arrays
+        x, y = ds[3]
+        bx, by = ds[[3, 4]]
+        dx, dy = torch.utils.data.default_collate(
+            ds.__getitems__([3, 4])
+        )  # what a plain DataLoader does
+    for t, shape in [
+        (x, (16,)),
+        (y, (16,)),
+        (bx, (2, 16)),
+        (by, (2, 16)),
+        (dx, (2, 16)),
+        (dy, (2, 16)),
+    ]:
+        assert t.dtype == torch.int64 and t.is_contiguous() and tuple(t.shape) == shape
+    x.add_(1000)
+    bx.add_(1000)
+    assert y[0].item() == 49 and by[0, 0].item() == 49  # y never shares memory with x
+    assert ds[3][0][0].item() == 48 and ds.memmap()[48] == 48  # nor with the file
+
+
+def test_samples_read_one_by_one_are_the_items(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(3000), 31)
+    samples = ds.__getitems__([4, 0, 7])
+    assert len(samples) == 3
+    for (x, y), i in zip(
+        samples, [4, 0, 7]
+    ):  # what a custom collate function that loops over samples sees
+        assert torch.equal(x, ds[i][0]) and torch.equal(y, ds[i][1]) and x.shape == (31,)
+
+
+def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(3000, dtype=np.uint16), 31)
+    x, y = next(iter(DataLoader(ds, batch_size=5)))
+    assert x[:, 0].tolist() == [0, 31, 62, 93, 124]
+    assert torch.equal(y[:, :-1], x[:, 1:])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_plain_dataloader_batches_equal_the_item_path(arange_file, workers):
+    ds = nd.NpyTokensDataset(
+        arange_file(3000, dtype=np.uint16), 31, mode="random", num_samples=40, seed=2
+    )
+    plain = list(
+        DataLoader(ds, batch_size=8, num_workers=workers)
+    )  # default_collate, as copied code writes it
+    per_item = [
+        torch.utils.data.default_collate([ds[i] for i in range(k, k + 8)]) for k in range(0, 40, 8)
+    ]
+    assert len(plain) == len(per_item) == 5
+    for (x, y), reference in zip(plain, per_item):
+        assert (
+            torch.equal(x, reference[0]) and torch.equal(y, reference[1]) and x.dtype == torch.int64
+        )
+
+
+# --- parameters ---------------------------------------------------------------------------------
+
+
+def test_item_24_seq_len(arange_file):
+    path = arange_file(100)
+    for bad, error, expected in [
+        (0, ValueError, "seq_len must be at least 1, got 0"),
+        (-1, ValueError, "got -1"),
+        (True, TypeError, "seq_len must be an int, got bool True"),
+        (2.0, TypeError, "got float 2.0"),
+        ("8", TypeError, "got str '8'"),
+        (None, TypeError, "got NoneType None"),
+    ]:
+        with pytest.raises(error) as info:
+            nd.NpyTokensDataset(path, bad)
+        assert type(info.value) is error and expected in str(info.value)
+    for good in (np.int64(9), np.uint8(9), 9):
+        assert len(nd.NpyTokensDataset(path, good)) == 11
+
+
+def test_seq_len_must_be_a_positive_int(arange_file):
+    path = arange_file(100)
+    for bad, expected in [
+        (0, "at least 1, got 0"),
+        (-3, "at least 1, got -3"),
+        (True, "got bool"),
+        (2.0, "got float"),
+        ("8", "got str"),
+        (None, "got NoneType"),
+    ]:
+        assert expected in dataset_error(path, seq_len=bad)
+    assert len(nd.NpyTokensDataset(path, np.int32(9))) == 11
+
+
+def test_item_25_too_few_tokens(arange_file):
+    refused(
+        arange_file(4, name="four.npy"),
+        ValueError,
+        "the file has 4 tokens; seq_len=4 needs at least 5",
+        "(one x plus its shifted y)",
+    )
+    assert len(nd.NpyTokensDataset(arange_file(5, name="five.npy"), 4)) == 1
+    refused(
+        arange_file(7, name="seven.npy"),
+        ValueError,
+        "needs at least 8 (two windows, so any offset leaves one)",
+        epoch_offset=True,
+    )
+    refused(arange_file(8, name="rows.npy", shape=(2, 4)), ValueError, "each row has 4 tokens")
+    random_mode = nd.NpyTokensDataset(
+        arange_file(5, name="r.npy"), 4, mode="random", num_samples=10
+    )
+    assert {random_mode[i][0].tolist()[0] for i in range(10)} == {0}  # the single valid start
+
+
+def test_other_parameters(arange_file):
+    path = arange_file(100)
+    assert "mode must be one of" in dataset_error(path, mode="sliding")
+    assert 'num_samples applies to mode="random" only' in dataset_error(path, num_samples=5)
+    assert "epoch_offset applies" in dataset_error(path, mode="random", epoch_offset=True)
+    assert "seed must be at least 0" in dataset_error(path, seed=-1)
