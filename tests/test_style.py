@@ -1,15 +1,17 @@
 """One layout and one lint set for every Python file and notebook: ruff, pinned in requirements.txt;
-and code_hazards, the linter for the ways this project must never load data (catalogue items 72
-and 77, tests/bad_inputs.md).
+test files of at most 600 lines, no test name defined twice; and code_hazards, the linter for the
+ways this project must never load data (catalogue items 72 and 77, tests/bad_inputs.md).
 
 After an edit, `.venv/bin/ruff format . && .venv/bin/ruff check --fix .` from the repository root
 makes these pass. The notebook/module agreement test compares syntax trees, so formatting a
 definition in either place changes nothing there.
 """
 
+import ast
 import re
 import subprocess
 import sys
+from collections import defaultdict
 
 import pytest
 
@@ -19,6 +21,8 @@ from conftest import ROOT
 FOLDERS = ("python_files", "tests", "tools", "benchmarks", "materials")
 SOURCES = [path for folder in FOLDERS for path in sorted((ROOT / folder).glob("*.py"))]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+TEST_FILES = sorted((ROOT / "tests").glob("test_*.py"))
+MAX_TEST_FILE_LINES = 600  # as ruff format lays a file out; split a longer one by unit
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:
@@ -45,6 +49,25 @@ def test_no_format_escape_and_every_noqa_says_why(path):
         match = re.search(r"#\s*noqa(: [A-Z0-9, ]+)?(.*)", line)
         if match:  # the reason follows the codes, on the same line: "# noqa: E402 (after sys.path)"
             assert match[2].strip(' \\n",'), f"{path.name}: noqa without a reason: {line.strip()}"
+
+
+def test_every_test_file_is_at_most_600_lines():
+    lengths = {path.name: len(path.read_text(encoding="utf-8").splitlines()) for path in TEST_FILES}
+    assert len(lengths) > 10, lengths
+    long = {name: n for name, n in lengths.items() if n > MAX_TEST_FILE_LINES}
+    assert not long, f"test files over {MAX_TEST_FILE_LINES} lines: {long}"
+
+
+def test_no_test_function_is_defined_twice_under_one_name():
+    defined = defaultdict(list)  # name -> the files (once per definition) that define it
+    for path in TEST_FILES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith(
+                "test"
+            ):
+                defined[node.name].append(path.name)
+    twice = {name: files for name, files in defined.items() if len(files) > 1}
+    assert not twice, f"test names defined more than once: {twice}"
 
 
 def test_item_72_77_no_pickle_loading_or_remote_code():
