@@ -7,6 +7,7 @@ items 30, 60, 61, 66 and 68 (tests/bad_inputs.md).
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -344,9 +345,20 @@ def test_a_failed_sharded_rebuild_keeps_the_previous_shards_whole(tmp_path, monk
     ) == sorted([p.name for p in after.shards] + [p.name + ".json" for p in after.shards])
 
 
-def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, monkeypatch):
-    import signal
+@pytest.fixture
+def sigint_raises_keyboard_interrupt():
+    """SIGINT raises KeyboardInterrupt in this process during the test, whatever pytest inherited.
 
+    A shell starts a background job (`pytest &`) with SIGINT ignored, and so do some CI runners:
+    Python then installs no handler, and a test's own SIGINT would do nothing. A test that sends
+    SIGINT sets its disposition here; the previous one comes back afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
+def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, monkeypatch):
     data, out = make_dataset(tmp_path / "in", MANY, MANY[:3]), tmp_path / "out"
     prepare(data, out, shard_tokens=100, splits=["train"])
     real_replace, renames = pt.os.replace, []
