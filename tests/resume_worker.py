@@ -24,7 +24,7 @@ def build_loader(job: dict[str, Any]) -> DataLoader:
     ds = nd.NpyTokensDataset(job["paths"], job["seq_len"], **job.get("dataset", {}))
     sampler = nd.EpochSampler(ds, **job["sampler"])
     workers = job.get("num_workers", 0)
-    extra = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
+    extra = {"persistent_workers": True, "prefetch_factor": 2, "timeout": 60} if workers else {}
     return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers, **extra)
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import npy_datasets as nd
-from conftest import dataset_error, header_for, npy_bytes, refused, write_tokens
+from conftest import WORKER_TIMEOUT, dataset_error, header_for, npy_bytes, refused, write_tokens
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -322,7 +322,7 @@ def test_plain_dataloader_batches_equal_the_item_path(arange_file, workers):
         arange_file(3000, dtype=np.uint16), 31, mode="random", num_samples=40, seed=2
     )
     plain = list(
-        DataLoader(ds, batch_size=8, num_workers=workers)
+        DataLoader(ds, batch_size=8, num_workers=workers, timeout=WORKER_TIMEOUT if workers else 0)
     )  # default_collate, as copied code writes it
     per_item = [
         torch.utils.data.default_collate([ds[i] for i in range(k, k + 8)]) for k in range(0, 40, 8)

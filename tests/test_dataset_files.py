@@ -21,7 +21,16 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import npy_datasets as nd
-from conftest import PARTS, RANGES, ROOT, SEQ, assert_window_inside, write_parts, write_tokens
+from conftest import (
+    PARTS,
+    RANGES,
+    ROOT,
+    SEQ,
+    WORKER_TIMEOUT,
+    assert_window_inside,
+    write_parts,
+    write_tokens,
+)
 
 # --- many files, one index space ----------------------------------------------------------------
 
@@ -418,7 +427,13 @@ def test_pickles_small_and_workers_give_the_same_batches(tmp_path):
 
     def batches(workers):
         sampler = nd.EpochSampler(ds, seed=1, batch_size=7)
-        loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers)
+        loader = DataLoader(
+            ds,
+            sampler=sampler,
+            batch_size=None,
+            num_workers=workers,
+            timeout=WORKER_TIMEOUT if workers else 0,
+        )
         return [[x.tolist() for x, _ in loader] for _ in range(2)]
 
     reference = batches(0)

@@ -28,7 +28,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import npy_datasets as nd
-from conftest import ROOT, write_tokens
+from conftest import ROOT, WORKER_TIMEOUT, write_tokens
 
 HERE = Path(__file__).resolve().parent
 DOCS = [f"Story {i}: " + "The dog ran to the park. " * (i % 6) + f"The end {i}." for i in range(60)]
@@ -492,6 +492,7 @@ def test_a_worker_error_names_the_worker_the_index_and_the_file(tmp_path):
         sampler=[0, 1, 2, 500, 3, 4],
         num_workers=2,
         multiprocessing_context="fork",
+        timeout=WORKER_TIMEOUT,
     )
     with pytest.raises(IndexError) as info:
         list(loader)
@@ -527,12 +528,13 @@ def test_breaking_early_and_deleting_the_loader_stop_the_workers(tmp_path):
         write_tokens(tmp_path / "t.npy", np.arange(20_000, dtype=np.uint16)), 16
     )
     before = _worker_pids()
-    loader = DataLoader(ds, batch_size=8, num_workers=2)
+    loader = DataLoader(ds, batch_size=8, num_workers=2, timeout=WORKER_TIMEOUT)
     for _ in loader:
         break  # a plain loader: leaving the loop drops the iterator, and with it the workers
     gc.collect()
     assert _gone(_worker_pids() - before) and _worker_pids() == before
     train, val = nd.make_dataloaders(ds, ds, batch_size=8, num_workers=2)  # persistent workers
+    train.timeout = WORKER_TIMEOUT  # make_dataloaders takes none; an iterator reads this attribute
     next(iter(train))
     workers = _worker_pids() - before
     assert len(workers) == 2  # they stay for the next epoch...

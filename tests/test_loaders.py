@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import npy_datasets as nd
-from conftest import ROOT, SEQ, run_process, write_parts, write_tokens
+from conftest import ROOT, SEQ, WORKER_TIMEOUT, run_process, write_parts, write_tokens
 
 # --- make_dataloaders and to_device -------------------------------------------------------------
 
@@ -90,7 +90,8 @@ def test_worker_count_and_start_method_do_not_change_batches(arange_file, contex
     )
 
     def loader(workers):
-        extra = {"multiprocessing_context": context, "persistent_workers": True} if workers else {}
+        extra = {"multiprocessing_context": context, "persistent_workers": True}
+        extra = {**extra, "timeout": WORKER_TIMEOUT} if workers else {}
         return DataLoader(
             ds, batch_size=8, sampler=nd.EpochSampler(ds, seed=3), num_workers=workers, **extra
         )
@@ -114,7 +115,13 @@ def test_rank_batches_do_not_depend_on_workers(tmp_path):
         sampler = nd.EpochSampler(
             ds, seed=4, batch_size=4, world_size=3, rank=rank, remainder="pad"
         )
-        loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers)
+        loader = DataLoader(
+            ds,
+            sampler=sampler,
+            batch_size=None,
+            num_workers=workers,
+            timeout=WORKER_TIMEOUT if workers else 0,
+        )
         return [x[:, 0].tolist() for x, _ in loader]
 
     per_rank = [rank_windows(r, 0) for r in range(3)]

@@ -70,6 +70,7 @@ def test_make_sample_is_reproducible(tmp_path):
         [sys.executable, str(MATERIALS / "make_sample.py"), "--out", str(tmp_path)],
         check=True,
         capture_output=True,
+        timeout=120,
     )
     for split in SPLITS:
         committed = (SAMPLE / f"{split}.jsonl").read_bytes()
@@ -125,6 +126,7 @@ def test_get_encoding_gpt2_offline():
         check=True,
         capture_output=True,
         text=True,
+        timeout=120,
     ).stdout
     assert json.loads(out) == [50257, [15496, 995]]
     assert sorted(p.name for p in CACHE.iterdir()) == before  # nothing written on a hit

@@ -403,7 +403,7 @@ def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
 
 def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead.wait(timeout=60)
     staging = tmp_path / f".train_shards.tmp.{dead.pid}.0badc0de"
     staging.mkdir()
     (staging / "train_000000.npy").write_bytes(b"half a shard")

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 import npy_datasets as nd
 import resume_worker
-from conftest import ROOT, run_process, write_tokens
+from conftest import ROOT, WORKER_TIMEOUT, run_process, write_tokens
 
 EPOCHS = 3
 
@@ -250,7 +250,11 @@ def test_make_dataloaders_resume_across_the_epoch_end(tmp_path):
 def test_a_state_counts_what_the_loop_received_not_what_workers_fetched(arange_file):
     ds = nd.NpyTokensDataset(arange_file(200), 8)  # 24 windows
     loader = DataLoader(
-        ds, sampler=nd.EpochSampler(ds, batch_size=4, shuffle=False), batch_size=None, num_workers=2
+        ds,
+        sampler=nd.EpochSampler(ds, batch_size=4, shuffle=False),
+        batch_size=None,
+        num_workers=2,
+        timeout=WORKER_TIMEOUT,
     )
     batches = iter(loader)
     next(

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import npy_datasets as nd
-from conftest import SEQ, write_parts, write_tokens
+from conftest import SEQ, WORKER_TIMEOUT, write_parts, write_tokens
 
 # --- orders and epochs --------------------------------------------------------------------------
 
@@ -62,6 +62,7 @@ def test_item_50_no_global_random_state(arange_file):
         batch_size=16,
         sampler=nd.EpochSampler(windows, seed=5),
         num_workers=2,
+        timeout=WORKER_TIMEOUT,
         multiprocessing_context="fork",
     )
     starts = sorted(v for x, _ in loader for v in x[:, 0].tolist())
@@ -90,7 +91,7 @@ def test_iterators_made_and_dropped_do_not_skip_epochs(tmp_path, persistent):
 
     def two_epochs(workers):
         sampler = nd.EpochSampler(ds, seed=2, batch_size=6)
-        extra = {"persistent_workers": persistent} if workers else {}
+        extra = {"persistent_workers": persistent, "timeout": WORKER_TIMEOUT} if workers else {}
         loader = DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers, **extra)
         batches = [[x.tolist() for x, _ in loader] for _ in range(2)]
         return batches, sampler.epoch
