@@ -109,15 +109,15 @@ def entries(path: Path, B: int, T: int, old: Any | None) -> dict[str, Callable[[
         "nanogpt_get_batch": nanogpt,
         "floor": floor,
         "new make_dataloaders w0": endless(
-            lambda: nd.make_dataloaders(new, new, B)[0], lambda b: nd.to_device(b, "cpu")
+            lambda: nd.make_dataloaders(new, new, batch_size=B)[0], lambda b: nd.to_device(b, "cpu")
         ),
         "new dataset, no DataLoader": endless(
             lambda: nd.EpochSampler(new, batch_size=B, drop_last=True), new.__getitem__
         ),
         "new make_dataloaders w2": endless(
-            lambda: nd.make_dataloaders(new, new, B, num_workers=2)[0]
+            lambda: nd.make_dataloaders(new, new, batch_size=B, num_workers=2)[0]
         ),
-        "new random mode w0": endless(lambda: nd.make_dataloaders(rand, rand, B)[0]),
+        "new random mode w0": endless(lambda: nd.make_dataloaders(rand, rand, batch_size=B)[0]),
         "new plain DataLoader w0": endless(
             lambda: DataLoader(new, batch_size=B, shuffle=True, drop_last=True)
         ),

@@ -51,8 +51,9 @@ from tqdm import tqdm
 
 from npy_datasets import (  # beside this file; importing it imports numpy only, never torch
     FORMAT_VERSION,
-    LLMC_FORMATS,
+    LLMC_DTYPES,
     LLMC_HEADER_BYTES,
+    LLMC_VERSIONS,
     TokenFileError,
     check_token_dtype,
     probe_sha256,
@@ -659,11 +660,9 @@ def npy_header(dtype: Any, n_tokens: int) -> bytes:
 
 def _llmc_header(dtype: Any, n_tokens: int) -> bytes:
     """llm.c's shard header: 256 int32 words, magic and version (which give the dtype), token count, then zeros."""
-    ((magic, (version, _)),) = [
-        item
-        for item in LLMC_FORMATS.items()
-        if item[1][1] == check_token_dtype(dtype, "token dtype")
-    ]
+    dtype = check_token_dtype(dtype, "token dtype")
+    magic = next(m for m, d in LLMC_DTYPES.items() if d == dtype)
+    version = LLMC_VERSIONS[magic]
     if n_tokens >= 2**31:  # the count is an int32
         raise ValueError(
             f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}; pass a smaller shard_tokens"

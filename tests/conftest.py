@@ -6,7 +6,6 @@ Helpers used by one test file live in that file; the ones here are used by sever
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -36,32 +35,19 @@ WORKER_TIMEOUT = 60  # seconds a DataLoader worker may take for one batch before
 
 
 def write_tokens(path: Path, tokens: np.ndarray, *, sidecar: bool = True, **overrides) -> Path:
-    """Write tokens as .npy (np.save) or raw .bin by suffix, with a sidecar like the prep step's."""
+    """Write tokens with the module's write_tokens (a .npy, or raw ids for a .bin path), in their own
+    dtype. overrides then replace sidecar fields as given, to make a sidecar wrong on purpose."""
+    import npy_datasets as nd
+
     path = Path(path)
-    if path.suffix == ".npy":
-        np.save(path, tokens)
-    else:
-        tokens.tofile(path)
-    if sidecar:
-        meta = {
-            "format": "npy-tokens",
-            "format_version": 1,
-            "file": path.name,
-            "layout": "npy" if path.suffix == ".npy" else "bin",
-            "dtype": tokens.dtype.name,
-            "shape": list(tokens.shape),
-            "n_tokens": int(tokens.size),
-            "file_size": path.stat().st_size,
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "tokenizer": "test:arange",
-            "n_vocab": int(tokens.max()) + 1,
-            "eot_id": 0,
-            "eot_placement": "prepend",
-            "max_token_id": int(tokens.max()),
-            "n_docs": 1,
-        }
-        meta.update(overrides)
-        path.with_name(path.name + ".json").write_text(json.dumps(meta))
+    n_vocab = int(tokens.max()) + 1
+    fields = {"tokenizer": "test:arange", "eot_id": 0, "n_docs": 1}
+    nd.write_tokens(path, tokens, n_vocab=n_vocab, dtype=tokens.dtype, **fields)
+    side = nd.sidecar_path(path)
+    if not sidecar:
+        side.unlink()
+    elif overrides:
+        side.write_text(json.dumps({**json.loads(side.read_text()), **overrides}))
     return path
 
 

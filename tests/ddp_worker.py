@@ -54,7 +54,7 @@ def main() -> int:
         train = nd.NpyTokensDataset(train_path, seq_len)
         val = nd.NpyTokensDataset(args.val, seq_len)
         train_loader, val_loader = nd.make_dataloaders(
-            train, val, args.batch_size, num_workers=0, seed=seed
+            train, val, batch_size=args.batch_size, num_workers=0, seed=seed
         )
         plain = DataLoader(
             train, batch_size=args.batch_size, sampler=DistributedSampler(train, seed=args.seed)

@@ -156,7 +156,6 @@ CATALOGUE = [
     ),
     Item(26, "params", "window count and positions").tried_by(
         DATASET + "test_windows_cover_every_token_once",
-        DATASET + "test_epoch_offset_shifts_every_window_by_one_offset",
     ),
     Item(27, "params", "out-of-range, negative and odd index types").tried_by(
         DATASET + "test_index_types", DATASET + "test_a_batch_of_bad_indices_names_the_bad_one"

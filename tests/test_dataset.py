@@ -5,6 +5,7 @@ Token files hold arange tokens (token i at position i), so every window proves i
 Catalogue items 24-28 and 39 (tests/bad_inputs.md).
 """
 
+import itertools
 import tempfile
 import warnings
 from pathlib import Path
@@ -43,28 +44,6 @@ def test_windows_cover_every_token_once(n, seq_len):
             xs.extend(x.tolist())
         assert xs == list(range(len(ds) * seq_len))  # disjoint, in order, nothing skipped
         assert n - 1 - len(ds) * seq_len < seq_len  # the dropped tail is shorter than a window
-
-
-@FAST
-@given(
-    n=st.integers(2, 3000),
-    seq_len=st.integers(1, 300),
-    seed=st.integers(0, 2**32),
-    epoch=st.integers(0, 50),
-)
-def test_epoch_offset_shifts_every_window_by_one_offset(n, seq_len, seed, epoch):
-    if n < 2 * seq_len:
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_tokens(Path(tmp) / "t.npy", np.arange(n, dtype=np.uint32))
-        ds = nd.NpyTokensDataset(path, seq_len, epoch_offset=True, seed=seed)
-        assert len(ds) == (n - seq_len) // seq_len
-        offset = ds[(epoch, 0)][0][0].item()
-        assert 0 <= offset < seq_len
-        for i in range(len(ds)):
-            x, y = ds[(epoch, i)]
-            assert x[0].item() == offset + i * seq_len
-            assert y[-1].item() < n
 
 
 @FAST
@@ -159,7 +138,8 @@ def test_a_batch_of_bad_indices_names_the_bad_one(arange_file):
     ds = nd.NpyTokensDataset(arange_file(100), 9)
     for bad, err in [
         ([0, len(ds)], IndexError),
-        ([(0, 1), (-1, 2)], ValueError),
+        ([(-1, 1), (-1, 2)], ValueError),  # pairs of one epoch, but not an epoch
+        ([(0, 1), (1, 2)], TypeError),  # pairs of two epochs: never one DataLoader batch
         ([1.5, 2], TypeError),
         ([True, 1], TypeError),
         ([(0, 1, 2)], TypeError),
@@ -175,8 +155,9 @@ def test_epoch_and_indices_index_a_batch(arange_file):
     ds = nd.NpyTokensDataset(arange_file(5000), 17, mode="random", seed=3)
     indices = np.array([4, 0, 7, -1])
     x, y = ds[2, indices]  # what EpochSampler(batch_size=...) hands a DataLoader
-    pairs = ds[[(2, int(i)) for i in indices]]
-    assert torch.equal(x, pairs[0]) and torch.equal(y, pairs[1])
+    assert torch.equal(x, torch.stack([ds[2, int(i)][0] for i in indices]))
+    samples = ds.__getitems__([(2, int(i)) for i in indices])  # DataLoader(sampler=EpochSampler)
+    assert torch.equal(y, torch.stack([y_ for _, y_ in samples]))
     assert torch.equal(x[3], ds[2, len(ds) - 1][0])  # a negative index counts from the end
     assert not torch.equal(x, ds[3, indices][0])  # another epoch, other random starts
     for bad, err in [
@@ -192,36 +173,35 @@ def test_epoch_and_indices_index_a_batch(arange_file):
 
 def test_negative_indices_in_a_batch_are_the_windows_they_name(arange_file):
     ds = nd.NpyTokensDataset(arange_file(1000), 8)  # 124 windows: window -1 starts at 8 * 123
-    for keys in ([-1, -124, 3], np.array([-1, -124, 3]), [(0, -1), (0, -124), (0, 3)]):
+    for keys in ([-1, -124, 3], np.array([-1, -124, 3]), (0, [-1, -124, 3])):
         x, _ = ds[keys]
         assert x[:, 0].tolist() == [984, 0, 24], keys
+    samples = ds.__getitems__([(0, -1), (0, -124), (0, 3)])
+    assert [x[0].item() for x, _ in samples] == [984, 0, 24]
     assert [x[:, 0].tolist() for x, _ in DataLoader(ds, batch_size=3, sampler=[-1, -124, 3])] == [
         [984, 0, 24]
     ]
 
 
-def test_index_arrays_must_be_1d_integers_and_a_list_of_pairs_holds_epoch_int_pairs(arange_file):
+def test_index_arrays_must_be_1d_integers_and_pairs_come_only_from_a_dataloader(arange_file):
     ds = nd.NpyTokensDataset(arange_file(400), 8)
     for bad in (np.array([1.0, 2.0]), np.zeros((2, 2), dtype=np.int64), np.array(3)):
         with pytest.raises(TypeError, match="an index array must be 1-D of integers"):
             ds[bad]
     assert torch.equal(ds[np.array([1, 2], dtype=np.uint64)][0], ds[[1, 2]][0])
-    for pairs, bad in (([(0, 1), (0, [1, 2])], r"\(0, \[1, 2\]\)"), ([(0, 1), 5], "5")):
-        with pytest.raises(
-            TypeError,
-            match=rf"a list of \(epoch, index\) pairs holds \(epoch, int\) pairs only, got {bad}$",
-        ):
-            ds[pairs]
-    with pytest.raises(
-        TypeError, match=r"index must be an int or an \(epoch, index\) pair, got tuple \(1, 2\)"
-    ):
-        ds[0, [(1, 2)]]  # an epoch and pairs with epochs of their own: refused, not read as epoch 1
+    for keys in ([(0, 1), (0, 2)], [(0, 1), 5], (0, [(1, 2)])):  # ds[...] takes no pairs
+        with pytest.raises(TypeError, match=r"an index must be an int, got tuple \((0|1), (1|2)\)"):
+            ds[keys]  # (0, [(1, 2)]) is an epoch and a pair: refused, not read as epoch 1
+    with pytest.raises(TypeError, match=r"\(epoch, index\) pairs needs one epoch"):
+        ds.__getitems__([(0, 1), (1, 2)])
+    with pytest.raises(TypeError, match=r"an index must be an int, got list \[1, 2\]"):
+        ds.__getitems__([(0, 1), (0, [1, 2])])
 
 
 def test_getitems_reads_a_tuple_of_ints_as_indices_and_takes_an_epoch_sampler_as_batch_sampler(
     arange_file,
 ):
-    ds = nd.NpyTokensDataset(arange_file(400), 8, epoch_offset=True)
+    ds = nd.NpyTokensDataset(arange_file(400), 8, mode="random", num_samples=40)
     assert [x[0].item() for x, _ in ds.__getitems__((5, 7))] == [
         ds[5][0][0].item(),
         ds[7][0][0].item(),
@@ -242,7 +222,6 @@ def test_getitems_reads_a_tuple_of_ints_as_indices_and_takes_an_epoch_sampler_as
 def test_batched_gather_equals_item_by_item(arange_file):
     cases = [
         nd.NpyTokensDataset(arange_file(5000), 17),
-        nd.NpyTokensDataset(arange_file(5000, name="o.npy"), 17, epoch_offset=True, seed=4),
         nd.NpyTokensDataset(
             arange_file(5000, name="r.npy", dtype=np.uint16), 17, mode="random", seed=9
         ),
@@ -250,15 +229,12 @@ def test_batched_gather_equals_item_by_item(arange_file):
         nd.NpyTokensDataset(arange_file(4800, name="2w.npy", shape=(12, 400)), 33),
     ]
     rng = np.random.default_rng(0)
-    for ds in cases:
-        keys = [
-            (int(e), int(i))
-            for e, i in zip(rng.integers(0, 5, 40), rng.integers(-len(ds), len(ds), 40))
-        ]
-        x, y = ds[keys]
+    for ds, epoch in itertools.product(cases, range(3)):
+        keys = rng.integers(-len(ds), len(ds), 40)
+        x, y = ds[epoch, keys]
         assert x.dtype == y.dtype == torch.int64 and x.is_contiguous() and y.is_contiguous()
-        assert torch.equal(x, torch.stack([ds[k][0] for k in keys]))
-        assert torch.equal(y, torch.stack([ds[k][1] for k in keys]))
+        assert torch.equal(x, torch.stack([ds[epoch, int(k)][0] for k in keys]))
+        assert torch.equal(y, torch.stack([ds[epoch, int(k)][1] for k in keys]))
         x[0, 0] = -1
         assert y.min().item() >= 0  # y is its own tensor: editing x cannot change it
 
@@ -376,12 +352,6 @@ def test_item_25_too_few_tokens(arange_file):
         "(one x plus its shifted y)",
     )
     assert len(nd.NpyTokensDataset(arange_file(5, name="five.npy"), 4)) == 1
-    refused(
-        arange_file(7, name="seven.npy"),
-        ValueError,
-        "needs at least 8 (two windows, so any offset leaves one)",
-        epoch_offset=True,
-    )
     refused(arange_file(8, name="rows.npy", shape=(2, 4)), ValueError, "each row has 4 tokens")
     random_mode = nd.NpyTokensDataset(
         arange_file(5, name="r.npy"), 4, mode="random", num_samples=10
@@ -393,5 +363,4 @@ def test_other_parameters(arange_file):
     path = arange_file(100)
     assert "mode must be one of" in dataset_error(path, mode="sliding")
     assert 'num_samples applies to mode="random" only' in dataset_error(path, num_samples=5)
-    assert "epoch_offset applies" in dataset_error(path, mode="random", epoch_offset=True)
     assert "seed must be at least 0" in dataset_error(path, seed=-1)

@@ -134,7 +134,7 @@ def assert_nothing_half_done(folder: Path, allowed: list[dict[str, bytes]]) -> N
                 f"{name}: finished but unknown bytes"
             )
         else:
-            with pytest.raises(nd.TokenFileError, match="needs the sidecar"):
+            with pytest.raises(nd.TokenFileError, match="which verify=True needs"):
                 nd.open_tokens(path, verify=True)
 
 

@@ -60,7 +60,7 @@ def test_npy_is_a_real_npy_with_a_64_byte_aligned_header(tmp_path):
         offset = f.tell()
     assert (shape, fortran, dtype) == (loaded.shape, False, np.dtype(np.uint16))
     assert offset % 64 == 0 and offset == pt.NPY_HEADER_SIZE
-    assert read_npy_header(path) == (np.dtype("<u2"), loaded.shape, offset)
+    assert read_npy_header(path)[1:] == (np.dtype("<u2"), loaded.shape, offset)
 
 
 @pytest.mark.parametrize("n_tokens", [0, 1, 123_456_789, 2**63 - 1])

@@ -329,7 +329,7 @@ def test_item_31_wide_vocabulary_gets_uint32(tmp_path):
     refused(
         result.path,
         nd.TokenFileError,
-        "ids up to 70000 may not fit vocab_size=70000",
+        "ids up to 70000, too many for vocab_size=70000",
         seq_len=2,
         vocab_size=70_000,
     )

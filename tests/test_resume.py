@@ -29,7 +29,7 @@ def resume_job(tmp_path):
     return {
         "paths": [str(path)],
         "seq_len": 5,
-        "dataset": {"epoch_offset": True, "seed": 4},
+        "dataset": {"mode": "random", "num_samples": 22, "seed": 4},
         "sampler": {"shuffle": True, "seed": 9, "batch_size": 4},
         "epochs": EPOCHS,
     }
@@ -147,7 +147,7 @@ def test_resume_refuses_a_state_from_other_windows(tmp_path, resume_job):
             "shuffle is True in the saved state, False here",
         ),
         (
-            {"dataset": {"epoch_offset": True, "seed": 5}},
+            {"dataset": {"mode": "random", "num_samples": 22, "seed": 5}},
             "dataset.seed is 4 in the saved state, 5 here",
         ),
         (
