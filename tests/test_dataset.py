@@ -364,3 +364,30 @@ def test_other_parameters(arange_file):
     assert "mode must be one of" in dataset_error(path, mode="sliding")
     assert 'num_samples applies to mode="random" only' in dataset_error(path, num_samples=5)
     assert "seed must be at least 0" in dataset_error(path, seed=-1)
+
+
+# --- issue 19: what an attack found ---------------------------------------------------------------
+
+
+def test_random_windows_of_one_epoch_are_not_the_next_epochs_shifted_by_one(arange_file):
+    """The epoch and the index are mixed in separate steps: hashing epoch + index in one would make
+    epoch e + 1's window i epoch e's window i + 1."""
+    ds = nd.NpyTokensDataset(arange_file(100_000), 8, mode="random", num_samples=1000)
+    for epoch in range(3):
+        now = ds[epoch, np.arange(1, 1000)][0][:, 0]
+        following = ds[epoch + 1, np.arange(0, 999)][0][:, 0]
+        assert (now == following).float().mean().item() < 0.01
+
+
+def test_huge_numbers_and_a_bool_file_number_are_refused_by_name(arange_file):
+    path = arange_file(100)
+    assert "seq_len must be at most" in dataset_error(path, seq_len=2**70)
+    ds = nd.NpyTokensDataset(path, 9)
+    rand = nd.NpyTokensDataset(path, 9, mode="random", num_samples=5)
+    for bad in ((2**63, [1]), (2**64, 1)):
+        with pytest.raises(ValueError, match=r"epoch must be at most 9223372036854775807"):
+            rand[bad]
+    with pytest.raises(ValueError, match="epoch must be at most"):
+        ds.__getitems__([(2**63, 1)])
+    with pytest.raises(TypeError, match="a file number must be an int, got bool True"):
+        ds.memmap(True)

@@ -417,3 +417,70 @@ def test_a_same_size_rewrite_in_place_is_refused_by_its_mtime(arange_file):
     assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
     with pytest.raises(nd.TokenFileError, match="changed since the dataset was opened"):
         ds[0]
+
+
+# --- issue 19: what an attack found ---------------------------------------------------------------
+
+
+def test_a_hot_file_stays_mapped_while_cold_ones_take_turns(tmp_path, monkeypatch):
+    """The least recently used map is closed, never the one in use: with a cap of 2 and batches
+    that all read file 0, file 0 is mapped once however many times the others come and go."""
+    paths = [
+        write_tokens(tmp_path / f"s{i}.npy", np.arange(100, dtype=np.uint16)) for i in range(4)
+    ]
+    ds = nd.NpyTokensDataset(paths, 8)
+    ds._max_maps = 2
+    opened = []
+    real = np.memmap
+    monkeypatch.setattr(
+        nd.np, "memmap", lambda p, *a, **k: opened.append(Path(p).name) or real(p, *a, **k)
+    )
+    per_file = len(ds) // 4
+    for other in [1, 2, 3] * 3:
+        ds[[0, other * per_file]]  # file 0, then another file
+    assert opened.count("s0.npy") == 1 and len(opened) == 1 + 9
+
+
+DESCRIPTORS = """
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+import npy_datasets as nd
+resource.setrlimit(resource.RLIMIT_NOFILE, (40, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+taken = [open(sys.argv[1] + "/npy_datasets.py") for _ in range(20)]  # descriptors already in use
+ds = nd.NpyTokensDataset(sys.argv[2], 8)
+try:
+    nd.make_dataloaders(ds, batch_size=32, num_workers=2)
+    print(json.dumps({"refused": None}))
+except ValueError as error:
+    train, _ = nd.make_dataloaders(ds, batch_size=32)  # no workers: the same limits serve
+    print(json.dumps({"refused": str(error), "batches": sum(1 for _ in train)}))
+"""
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/fd").exists(), reason="sets RLIMIT_NOFILE, counts /proc/self/fd"
+)
+def test_workers_under_a_low_open_file_limit_are_refused_at_once_naming_it(tmp_path):
+    """300 shards, two workers, a limit of 40 with 20 descriptors taken: torch's workers would hang
+    or die handing batches over; make_dataloaders refuses at once and names the limit."""
+    for i in range(300):
+        write_tokens(
+            tmp_path / f"shard_{i:03d}.npy", np.arange(100 * i, 100 * i + 50, dtype=np.uint16)
+        )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DESCRIPTORS,
+            str(ROOT / "python_files"),
+            str(tmp_path / "shard_*.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    assert got["refused"] and "num_workers=2 needs" in got["refused"]
+    assert "the open-file limit is 40" in got["refused"] and "ulimit -n" in got["refused"]
+    assert got["batches"] == 1800 // 32

@@ -529,3 +529,38 @@ def test_module_imports_in_a_fresh_interpreter_without_the_prep_packages():
         timeout=120,
     )
     assert out.stdout.strip() == "ok", out.stderr
+
+
+# --- issue 19: what an attack found ---------------------------------------------------------------
+
+
+def test_an_llmc_header_with_other_words_set_is_read_by_its_magic_and_version(tmp_path):
+    """llm.c checks only the magic and the version: a shard whose unused header words are not zero
+    is still an llm.c shard, never raw ids whose first 512 'tokens' are the header."""
+    tokens = np.arange(400, dtype=np.uint16)
+    path = write_llmc(tmp_path / "shard.bin", tokens)
+    raw = bytearray(path.read_bytes())
+    raw[4 * 9 : 4 * 10] = (12345).to_bytes(4, "little")  # word 9 of the header, unused by llm.c
+    path.write_bytes(raw)
+    assert nd.open_tokens(path).tolist() == tokens.tolist()
+    assert nd.open_tokens(path, dtype=np.uint16).tolist() == tokens.tolist()
+    assert nd.NpyTokensDataset(path, 8)[0][0].tolist() == list(range(8))
+
+
+def test_a_change_in_the_last_kib_of_a_large_file_is_refused_on_open(tmp_path):
+    path = write_tokens(tmp_path / "big.npy", np.arange(300_000, dtype=np.uint32))  # 1.2 MB
+    raw = bytearray(path.read_bytes())
+    raw[-4096] ^= 0x01  # inside the last 4 KiB: the tail the probe hashes
+    path.write_bytes(raw)
+    refused(path, nd.TokenFileError, "changed in its first or last 64 KiB")
+
+
+def test_a_sidecar_field_of_null_and_a_sidecar_link_loop_are_named(tmp_path):
+    path = write_tokens(tmp_path / "null.npy", np.arange(100, dtype=np.uint16), probe_sha256=None)
+    message = refused(path, nd.TokenFileError, "field 'probe_sha256' should be str, found None")
+    assert "replaced" not in message  # the sidecar is at fault, not the file
+    loop = write_tokens(tmp_path / "loop.npy", np.arange(100, dtype=np.uint16))
+    side = nd.sidecar_path(loop)
+    side.unlink()
+    side.symlink_to(side.name)  # a link to itself: stat() fails with ELOOP
+    refused(loop, nd.TokenFileError, "is a sidecar that cannot be read", "symbolic links")

@@ -4,6 +4,7 @@ DistributedSampler and under a real torchrun (gloo on the CPU).
 Catalogue items 40, 42, 46, 51, 53 and 54 (tests/bad_inputs.md).
 """
 
+import itertools
 import json
 import subprocess
 import sys
@@ -286,9 +287,17 @@ def test_torchrun_ranks_cover_the_epoch_disjointly(tmp_path):
     )
 
 
-@pytest.mark.parametrize("mismatch", ["seq_len", "file", "seed", "too_small"])
+@pytest.mark.parametrize("mismatch", ["seq_len", "file", "seed", "too_small", "same_size"])
 def test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field(tmp_path, mismatch):
     train = write_tokens(tmp_path / "train.npy", np.arange(205, dtype=np.uint16))
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "other_plain").mkdir()  # same name, size, dtype and shape; other ids; no sidecars
+    plain = write_tokens(
+        tmp_path / "plain/train.npy", np.arange(205, dtype=np.uint16), sidecar=False
+    )
+    same_size = write_tokens(
+        tmp_path / "other_plain/train.npy", np.arange(1, 206, dtype=np.uint16), sidecar=False
+    )
     val = write_tokens(tmp_path / "val.npy", np.arange(60, dtype=np.uint16))
     other = write_tokens(tmp_path / "other.npy", np.arange(300, dtype=np.uint16))
     tiny = write_tokens(
@@ -305,8 +314,9 @@ def test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field(tmp_path, m
             "train.files[0].name is 'train.npy' on rank 0, 'other.npy' on rank 1",
         ),
         "seed": (["--rank1-seed", "4"], "seed is 3 on rank 0, 4 on rank 1"),
+        "same_size": (["--rank1-train", str(same_size)], "train.files[0].probe is '"),
     }[mismatch]
-    proc, reports = torchrun(tmp_path, train, val, *extra)
+    proc, reports = torchrun(tmp_path, plain if mismatch == "same_size" else train, val, *extra)
     assert proc.returncode != 0 and len(reports) == 2, proc.stderr[-3000:]
     for report in reports:
         assert (
@@ -333,3 +343,26 @@ def test_ddp_example_uses_nccl_only_with_a_gpu_per_local_rank(local_ranks, gpus,
     assert (
         ddp_example.choose_backend(local_ranks, gpus) == backend
     )  # a one-GPU machine with 2 ranks: gloo
+
+
+def test_make_dataloaders_without_validation_returns_none(arange_file):
+    train = nd.NpyTokensDataset(arange_file(1000), 10)
+    train_loader, val_loader = nd.make_dataloaders(train, batch_size=4)
+    assert val_loader is None and len(train_loader) == len(train) // 4
+    assert [x.shape for x, _ in itertools.islice(train_loader, 2)] == [(4, 10), (4, 10)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_peek_uses_up_no_epoch(arange_file, workers):
+    """next(iter(loader)), the usual first check, leaves the sampler on epoch 0: the training loop
+    that follows gets all of epoch 0 from its first batch, then epoch 1."""
+    train = nd.NpyTokensDataset(arange_file(2000), 10)  # 199 windows: 24 batches of 8
+    loader, _ = nd.make_dataloaders(train, batch_size=8, num_workers=workers)
+    loader.timeout = WORKER_TIMEOUT if workers else 0
+    epoch0 = [train[0, i][0][0].item() for i in nd.EpochSampler(train, batch_size=8).order(0)]
+    peek, _ = next(iter(loader))
+    assert loader.sampler.epoch == 0 and peek[:, 0].tolist() == epoch0[:8]
+    first = [v for x, _ in loader for v in x[:, 0].tolist()]
+    assert first == epoch0[: 24 * 8] and loader.sampler.epoch == 1
+    second = [v for x, _ in loader for v in x[:, 0].tolist()]
+    assert len(second) == len(first) and second != first and loader.sampler.epoch == 2

@@ -4,6 +4,7 @@ with other batch sizes, world sizes and worker counts.
 Catalogue items 57, 58 and 78 (tests/bad_inputs.md).
 """
 
+import itertools
 import json
 import sys
 
@@ -352,3 +353,45 @@ def test_any_stop_point_is_a_global_position_the_next_run_starts_from(n, world, 
         resumed = nd.EpochSampler(range(n), seed=3)  # one rank now: it takes the whole rest
         resumed.load_state_dict(state)
         assert [(e, i) for e, i in resumed] == [(0, i) for i in order[position:]]
+
+
+# --- issue 19: mutations the tests let pass before ---------------------------------------------
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_padded_sampler_resumed_mid_epoch_repeats_the_windows_a_whole_pass_would(world):
+    """Validation pads each epoch with its first windows; a pass resumed part-way must pad with
+    those same windows, not with others."""
+    n, batch = 20, 2  # 20 windows over 3 ranks: 1 padded, 4 batches a rank (the last of 1)
+    for stop in range(1, 4):  # stopped after 1, 2 or 3 of the 4 batches
+        for rank in range(world):
+
+            def sampler():
+                return nd.EpochSampler(
+                    range(n),
+                    shuffle=False,
+                    batch_size=batch,
+                    world_size=world,
+                    rank=rank,
+                    remainder="pad",
+                )
+
+            whole = [i.tolist() for _, i in sampler()]
+            first = sampler()
+            head = [i.tolist() for _, i in itertools.islice(first, stop)]
+            resumed = sampler()
+            resumed.load_state_dict(first.state_dict(consumed=stop))
+            assert head + [i.tolist() for _, i in resumed] == whole
+
+
+def test_a_state_saved_between_set_epoch_and_the_first_batch_counts_nothing_stale():
+    """After set_epoch, a state describes the pass to come: the items the previous pass handed out
+    are not counted again (which would skip that many windows of the new epoch)."""
+    sampler = nd.EpochSampler(range(20), batch_size=4, seed=1)
+    list(itertools.islice(iter(sampler), 3))  # epoch 0, 3 of its 5 batches handed out
+    sampler.set_epoch(1)
+    state = sampler.state_dict()
+    assert (state["epoch"], state["position"]) == (1, 0)
+    resumed = nd.EpochSampler(range(20), batch_size=4, seed=1)
+    resumed.load_state_dict(state)
+    assert [i.tolist() for _, i in resumed] == [i.tolist() for _, i in sampler]
