@@ -81,8 +81,10 @@ LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}  # GPT-2 id
 LLMC_OTHER_FILES = {20240326: "model", 20240327: "state", 20240328: "tokenizer", 20240522: "eval"}
 PROBE_BYTES = 1 << 16  # probe_sha256 hashes a file's first and last 64 KiB: cheap on every open
 MAX_OPEN_FILES = 1024  # files one process keeps mapped at most (each map holds a descriptor)
-LOADER_DESCRIPTORS = 16  # free file descriptors that DataLoader workers need at least, and
-BATCH_DESCRIPTORS = 4  # more per batch in flight: 2 measured (one a tensor), doubled for safety
+# Free file descriptors that DataLoader workers need: 16, and 4 a batch in flight (measured: 2,
+# one for each tensor handed over; doubled for safety). make_dataloaders checks the limit.
+LOADER_DESCRIPTORS = 16
+BATCH_DESCRIPTORS = 4
 
 
 class TokenFileError(ValueError):
