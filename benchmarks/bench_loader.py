@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Batches per second of the ways to serve (x, y) next-token batches from one memmapped token file,
-this module's recommended path beside the module as it was before the redesign (commit 291319a).
+this module's recommended path beside the module as it was before the "reads like a reference"
+redesign (commit 63688d8).
 
 Every entry makes int64 x and y of shape (B, T), y being x shifted by one token, on the CPU, from one
 uint16 .npy file of random GPT-2 ids under data/bench/ (made once, then reused). The old module is
-read from git (`git show 291319a:python_files/npy_datasets.py`) into a temporary folder and imported
+read from git (`git show 63688d8:python_files/npy_datasets.py`) into a temporary folder and imported
 under another name, so both run in one process on the same file. Entries take turns, repeat by
 repeat, so that a busy moment of the machine falls on all of them; each result is the median.
 
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python_files"))
 import npy_datasets as nd  # noqa: E402 (after the sys.path line above: the module under test)
 
-OLD_COMMIT = "291319a"  # the module before the redesign of issue 11
+OLD_COMMIT = "63688d8"  # the module before the redesign of issue 18 ("reads like a reference")
 CONFIGS = ((12, 512), (12, 1024), (64, 2048))
 
 
@@ -127,6 +128,9 @@ def entries(path: Path, B: int, T: int, old: Any | None) -> dict[str, Callable[[
         found["old make_dataloaders w0"] = endless(
             lambda: old.make_dataloaders(before, before, B, num_workers=0)[0],
             lambda b: old.to_device(b, "cpu"),
+        )
+        found["old dataset, no DataLoader"] = endless(
+            lambda: old.EpochSampler(before, batch_size=B, drop_last=True), before.__getitem__
         )
     return found
 
@@ -233,15 +237,24 @@ def main() -> None:
                 f"{median['floor'] / us:>8.2f}"
             )
         if old is not None:
-            ratio = median["old make_dataloaders w0"] / median["new make_dataloaders w0"]
-            spread = [
-                o / n
-                for o, n in zip(times["old make_dataloaders w0"], times["new make_dataloaders w0"])
-            ]
-            print(
-                f"  new / old speed, recommended path (make_dataloaders, 0 workers): {ratio:.2f}x "
-                f"(turn by turn {min(spread):.2f}x to {max(spread):.2f}x)\n"
-            )
+            pairs = {
+                "make_dataloaders, 0 workers": (
+                    "old make_dataloaders w0",
+                    "new make_dataloaders w0",
+                ),
+                "the dataset without a DataLoader": (
+                    "old dataset, no DataLoader",
+                    "new dataset, no DataLoader",
+                ),
+            }
+            for what, (before, after) in pairs.items():
+                ratio = median[before] / median[after]
+                spread = [o / n for o, n in zip(times[before], times[after])]
+                print(
+                    f"  new / old speed, {what}: {ratio:.2f}x "
+                    f"(turn by turn {min(spread):.2f}x to {max(spread):.2f}x)"
+                )
+            print()
     if args.shards:
         print("Shards (batches of 32 x 1024, shuffled, no DataLoader):")
         shard_cap(repeats, seconds)
