@@ -1,0 +1,262 @@
+"""Every exercise's reference answer runs, so that an exercise cannot silently stop working.
+
+A notebook ends with numbered **Exercises**. ANSWERS holds a reference answer for each: `code`, what a
+learner would write, and `sees`, a regular expression for what the exercise says they will see, searched
+for in what the code prints (its asserts check the values behind it). The key is the notebook's name
+without its number ("build_the_dataset" for 03_build_the_dataset.ipynb: renumbering a notebook changes
+nothing here) and the exercise's number.
+
+How it runs: one fresh Python process a notebook, started in notebooks/ as Jupyter starts a kernel, with
+a timeout. It runs the notebook's code cells in order in one namespace (IPython-only lines blanked, as
+test_notebooks.py reads them), then each answer in a copy of that namespace, so that one answer cannot
+change what the next one sees, and reports each answer's error and printed output.
+
+To add a notebook's exercises: add an Answer under ("its_name", k) for each exercise k, and take the
+notebook out of PENDING. test_every_exercise_has_an_answer fails while an exercise has no answer or an
+answer no exercise. An answer that needs more time than NOTEBOOK_TIMEOUT (torchrun, say) sets its
+notebook's limit in TIMEOUTS; one that differs on a GPU branches on torch.cuda.is_available() and
+accepts either outcome in `sees`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from conftest import ROOT
+from test_notebooks import NOTEBOOKS, _code_cells
+
+NOTEBOOK_TIMEOUT = (
+    300  # seconds for a notebook's own cells and all its answers (about 10 on 2 cores)
+)
+TIMEOUTS: dict[str, int] = {}  # a notebook that needs longer: its key -> seconds
+PENDING = {  # notebooks whose exercises have no answers here yet; remove one when adding its answers
+    "tokenize_tinystories",
+    "write_token_files",
+    "scaling_out",
+}
+
+
+class Answer(NamedTuple):
+    code: str  # run after the notebook's own cells, in a copy of their namespace
+    sees: str  # a regular expression that what the code prints must contain (re.search)
+
+
+ANSWERS = {
+    ("build_the_dataset", 1): Answer(
+        """
+ds10 = NpyTokensDataset(path, seq_len=10)
+x, y = ds10[4]
+assert len(ds10) == (100 - 1) // 10 and x.tolist() == list(range(40, 50))
+print(len(ds10), x.tolist())
+""",
+        r"^9 \[40, 41, 42, 43, 44, 45, 46, 47, 48, 49\]$",
+    ),
+    ("build_the_dataset", 2): Answer(
+        """
+rows = DATA / "rows_4x25.npy"
+ids = np.arange(100).reshape(4, 25)
+nd.write_tokens(rows, ids, n_vocab=50257, tokenizer="arange", eot_id=50256)
+rows_ds = NpyTokensDataset(rows, seq_len=12)
+files, firsts = rows_ds.locate(0, np.arange(len(rows_ds)))
+assert len(rows_ds) == 4 * ((25 - 1) // 12)  # two windows a row
+assert (firsts % 25 + 12 < 25).all()  # a window's last token sits in its first token's row
+print(len(rows_ds), firsts.tolist())
+""",
+        r"^8 \[0, 12, 25, 37, 50, 62, 75, 87\]$",
+    ),
+    ("build_the_dataset", 3): Answer(
+        """
+seed = 1
+shortcut = [[_splitmix64(seed + e + i) for i in range(5)] for e in (0, 1)]
+hashed = [[_splitmix64(i + _key(seed, e)) for i in range(5)] for e in (0, 1)]
+assert not set(hashed[0]) & set(hashed[1])
+print("shortcut, epoch 1's windows 0-3 == epoch 0's 1-4:", shortcut[1][:4] == shortcut[0][1:])
+print("real hash, epoch 1's windows 0-3 == epoch 0's 1-4:", hashed[1][:4] == hashed[0][1:])
+""",
+        r"shortcut, [^\n]*: True\nreal hash, [^\n]*: False",
+    ),
+    ("test_the_dataloader", 1): Answer(
+        """
+rates = compare_workers(delay=0.001)
+assert set(rates) == {0, 2} and min(rates.values()) > 0
+""",
+        r"^1 ms per batch, 0 workers: .*\n1 ms per batch, 2 workers: .*\n2 workers are [\d.]+x as fast",
+    ),
+    ("test_the_dataloader", 2): Answer(
+        """
+import warnings
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    pinned_loader, _ = nd.make_dataloaders(train, batch_size=BATCH, pin_memory=True)
+    batch = next(iter(pinned_loader))
+warned = [str(w.message) for w in caught if "pin_memory" in str(w.message)]
+if torch.cuda.is_available():  # the GPU half: pin_memory=False gives unpinned batches
+    plain_loader, _ = nd.make_dataloaders(train, batch_size=BATCH, pin_memory=False)
+    plain = next(iter(plain_loader))
+    assert batch[0].is_pinned() and not plain[0].is_pinned()
+    assert torch.equal(to_device(plain, DEVICE)[0].cpu(), plain[0])
+else:
+    assert warned and not batch[0].is_pinned()
+print(warned[0] if warned else "no warning", "| pinned:", batch[0].is_pinned())
+""",
+        r"(pin_memory.* no accelerator .*\| pinned: False|^no warning \| pinned: True)",
+    ),
+    ("test_the_dataloader", 3): Answer(
+        """
+_, val_loader_2 = nd.make_dataloaders(train, val, batch_size=BATCH, num_workers=2)
+firsts_2 = torch.cat([x[:, 0] for x, _ in val_loader_2])
+assert torch.equal(firsts_2, expected)
+print(f"2 workers: {len(firsts_2)} validation windows, in order: {torch.equal(firsts_2, expected)}")
+""",
+        r"^2 workers: 137 validation windows, in order: True$",
+    ),
+    ("appendix_hardening", 1): Answer(
+        """
+fortran = DATA / "fortran.npy"
+np.save(fortran, np.asfortranarray(np.arange(20, dtype=np.uint16).reshape(4, 5)))
+print(refusal(lambda: nd.open_tokens(fortran)))
+""",
+        r"^TokenFileError: 'fortran.npy' has fortran_order=True; expected False \(C order\)$",
+    ),
+    ("appendix_hardening", 2): Answer(
+        """
+live = nd.NpyTokensDataset(path, 8)
+x, _ = live[0]
+st = os.stat(path)
+np.save(path, np.arange(1000, 1500, dtype=np.uint16))  # the same size, written in place
+os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+served = live[1][0][:3].tolist()
+assert x[:3].tolist() == [0, 1, 2] and os.stat(path).st_ino == st.st_ino
+print("the running dataset serves window 1 as", served, "and says nothing")
+print("opened again:", refusal(lambda: nd.NpyTokensDataset(path, 8)))
+""",
+        r"serves window 1 as \[1008, 1009, 1010\] and says nothing\n"
+        r"opened again: TokenFileError: 'live.npy' changed in its first or last 64 KiB",
+    ),
+    ("appendix_hardening", 3): Answer(
+        """
+rules = {"warmup_steps": range(0, 10_001)}
+print(refusal(lambda: nd.check_arguments(rules, warmup_steps=20_000)))
+print(refusal(lambda: nd.check_arguments(rules, warmup_steps=2.5)))
+""",
+        r"^ValueError: warmup_steps must be at most 10000, got 20000\n"
+        r"TypeError: warmup_steps must be an int, got float 2.5$",
+    ),
+}
+
+# Runs in the notebook's process: argv[1] is where the report goes, stdin holds the job.
+RUNNER = r"""
+import contextlib, io, json, sys, traceback
+
+job = json.load(sys.stdin)
+namespace = {"__name__": "__main__"}
+report = {"notebook": None, "answers": {}}
+try:
+    for number, source in enumerate(job["cells"]):
+        exec(compile(source, f"<code cell {number}>", "exec"), namespace)
+except BaseException:
+    report["notebook"] = traceback.format_exc()
+else:
+    for key, source in job["answers"].items():
+        printed, error = io.StringIO(), None
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(source, f"<exercise {key}>", "exec"), dict(namespace))
+        except BaseException:
+            error = traceback.format_exc()
+        report["answers"][key] = {"error": error, "printed": printed.getvalue()}
+with open(sys.argv[1], "w", encoding="utf-8") as f:
+    json.dump(report, f)
+"""
+
+
+def _key(notebook: Path) -> str:
+    return notebook.stem.split("_", 1)[1]  # 03_build_the_dataset -> build_the_dataset
+
+
+def _exercise_numbers(notebook: Path) -> list[int]:
+    """The numbers of the list under the notebook's **Exercises** heading."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    if "**Exercises**" not in text:
+        return []
+    exercises = re.split(r"\n\*\*(Next|Back)", text.split("**Exercises**", 1)[1])[0]
+    return [int(n) for n in re.findall(r"^(\d+)\. ", exercises, flags=re.M)]
+
+
+def _run(notebook: Path, report_file: Path) -> dict:
+    """Run a notebook's code cells, then each of its answers; the report of RUNNER."""
+    answers = {str(n): a.code for (key, n), a in ANSWERS.items() if key == _key(notebook)}
+    job = json.dumps({"cells": _code_cells(notebook), "answers": answers})
+    timeout = TIMEOUTS.get(_key(notebook), NOTEBOOK_TIMEOUT)
+    env = {**os.environ, "MPLBACKEND": "Agg"}  # plt.show() draws nothing, waits for nothing
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", RUNNER, str(report_file)],
+            input=job,
+            cwd=ROOT / "notebooks",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"notebook": f"timed out after {timeout} s", "answers": {}}
+    if not report_file.exists():
+        return {"notebook": f"exit status {done.returncode}: {done.stderr[-3000:]}", "answers": {}}
+    return json.loads(report_file.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def report_of(tmp_path_factory):
+    """A notebook's report, run once for all its answers."""
+    reports: dict[str, dict] = {}
+
+    def report(key: str) -> dict:
+        if key not in reports:
+            notebook = next(nb for nb in NOTEBOOKS if _key(nb) == key)
+            reports[key] = _run(notebook, tmp_path_factory.mktemp(key) / "report.json")
+        return reports[key]
+
+    return report
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_exercise_has_an_answer(notebook):
+    key = _key(notebook)
+    answered = sorted(n for k, n in ANSWERS if k == key)
+    if key in PENDING:
+        assert not answered, f"{key} has answers now: take it out of PENDING"
+        pytest.skip(f"{key}: its exercises have no reference answers yet (PENDING)")
+    numbers = _exercise_numbers(notebook)
+    assert numbers, f"{notebook.name} has no numbered list under **Exercises**"
+    assert answered == numbers, f"exercises {numbers}, answers {answered}"
+
+
+def test_answers_and_pending_name_notebooks_that_exist():
+    named = {key for key, _ in ANSWERS} | PENDING
+    missing = named - {_key(nb) for nb in NOTEBOOKS}
+    assert not missing, f"no notebook is named {sorted(missing)}"
+    built = next(nb for nb in NOTEBOOKS if _key(nb) == "build_the_dataset")
+    assert _exercise_numbers(built) == [1, 2, 3]  # the parser reads the list it is meant to
+
+
+@pytest.mark.parametrize("key, number", sorted(ANSWERS), ids=lambda v: str(v))
+def test_the_reference_answer_works(report_of, key, number):
+    report = report_of(key)
+    assert report["notebook"] is None, f"the notebook's own cells failed:\n{report['notebook']}"
+    result = report["answers"][str(number)]
+    assert result["error"] is None, f"the answer to exercise {number} failed:\n{result['error']}"
+    sees = ANSWERS[key, number].sees
+    assert re.search(sees, result["printed"], flags=re.M), (
+        f"exercise {number} should print a match for {sees!r}; it printed:\n{result['printed']}"
+    )
