@@ -476,11 +476,16 @@ class NpyTokensDataset:
             except OSError as error:
                 _check_map_retry(file.path, error, attempt, len(self._maps))
                 self._max_maps = max(1, len(self._maps) // 2)  # DataLoader workers need some
-        flat = np.asarray(tokens)  # a plain ndarray: no memmap bookkeeping on every slice
-        step = flat.strides[0]
-        shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)  # rows one token apart
-        windows = np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
-        return MappedFile(tokens, windows)
+        return MappedFile(tokens, _window_view(np.asarray(tokens), self.seq_len))
+
+
+def _window_view(flat: np.ndarray, seq_len: int) -> np.ndarray:
+    """A read-only view of flat whose row s is tokens s .. s + seq_len: rows one token apart,
+    sharing the file's memory, so one fancy index gathers a batch. (np.asarray drops memmap's
+    bookkeeping on every slice.)"""
+    step = flat.strides[0]
+    shape = (max(len(flat) - seq_len, 0), seq_len + 1)
+    return np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
 
 
 def _token_file(path: str, o: OpenedFile) -> TokenFile:
@@ -1054,7 +1059,7 @@ def _check_sidecar_matches(path: str, meta: dict, layout: FileLayout, size: int,
             f"changed in its first or last {PROBE_BYTES // 1024} KiB since its sidecar was written"
         )
         raise _bad(
-            path, f"{changed}: replaced, swapped or damaged; rerun the prep step with --force"
+            path, f"{changed}: replaced, swapped or damaged; write it again (prep step: --force)"
         )
 
 
@@ -1172,7 +1177,8 @@ def _check_index(index: Any, ds: NpyTokensDataset) -> tuple[int, np.ndarray, boo
     range), and whether a batch was asked for."""
     if isinstance(index, tuple):
         if len(index) != 2:
-            raise TypeError(f"an index is an int or ints, or (epoch, either); got {index!r:.80}")
+            forms = "i, (epoch, i), indices or (epoch, indices), indices a list or 1-D array"
+            raise TypeError(f"an index is {forms}; got {index!r:.80}")
         epoch, keys = index
         check_arguments(epoch=epoch)
     else:
@@ -1195,7 +1201,12 @@ def _check_indices(keys: list | np.ndarray, ds: NpyTokensDataset) -> np.ndarray:
     else:
         bad = [k for k in keys if isinstance(k, (bool, np.bool_)) or not hasattr(k, "__index__")]
         if bad:  # a bool is an int to Python, but never an index here
-            raise TypeError(f"an index must be an int, got {type(bad[0]).__name__} {bad[0]!r:.80}")
+            hint = (
+                ": a batch of one epoch is ds[epoch, indices]" if isinstance(bad[0], tuple) else ""
+            )
+            raise TypeError(
+                f"an index must be an int, got {type(bad[0]).__name__} {bad[0]!r:.80}{hint}"
+            )
         values = [operator.index(k) for k in keys]
     out = next((v for v in values if not -n <= v < n), None)
     if out is not None:
