@@ -476,13 +476,12 @@ class NpyTokensDataset:
             except OSError as error:
                 _check_map_retry(file.path, error, attempt, len(self._maps))
                 self._max_maps = max(1, len(self._maps) // 2)  # DataLoader workers need some
-        return MappedFile(tokens, _window_view(np.asarray(tokens), self.seq_len))
+        flat = np.asarray(tokens)  # a plain ndarray: no memmap bookkeeping on every slice
+        return MappedFile(tokens, _window_view(flat, self.seq_len))
 
 
 def _window_view(flat: np.ndarray, seq_len: int) -> np.ndarray:
-    """A read-only view of flat whose row s is tokens s .. s + seq_len: rows one token apart,
-    sharing the file's memory, so one fancy index gathers a batch. (np.asarray drops memmap's
-    bookkeeping on every slice.)"""
+    """A read-only view whose row s is the window tokens s .. s + seq_len: no copy, rows overlap."""
     step = flat.strides[0]
     shape = (max(len(flat) - seq_len, 0), seq_len + 1)
     return np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
