@@ -1,4 +1,4 @@
-"""The bad-input and fault catalogue: every one of its 80 items, tried or not applicable.
+"""The bad-input and fault catalogue: every one of its items, tried or not applicable.
 
 CATALOGUE below is the one table, and the cross-index of which test covers which input. Each entry
 names the tests that try the item, each as file::test (the tests live in the unit files: the .npy
@@ -38,6 +38,7 @@ AREAS = {
     "distributed": "distributed",
     "disk": "interruption / disk",
     "security": "security",
+    "prep": "prep step",
 }
 
 HEADER = "test_header.py::"
@@ -48,6 +49,7 @@ SAMPLER = "test_sampler.py::"
 RESUME = "test_resume.py::"
 LOADERS = "test_loaders.py::"
 PREP_INPUTS = "test_prep_inputs.py::"
+PREP_FILES = "test_prep_files.py::"
 TOKENIZE = "test_prep_tokenize.py::"
 PREP_OUTPUTS = "test_prep_outputs.py::"
 RERUNS = "test_prep_reruns.py::"
@@ -382,6 +384,43 @@ CATALOGUE = [
         PREP_OUTPUTS + "test_item_80_output_modes_follow_the_umask",
         differs="the project creates no cache folder of its own, so only the output modes apply",
     ),
+    # issue 19/20: the prep step
+    Item(81, "prep", "an input folder's files in two formats, a subfolder or no split").tried_by(
+        PREP_FILES + "test_item_81_every_data_file_of_a_folder_is_read_or_named_in_a_refusal"
+    ),
+    Item(82, "prep", "brackets in the output folder's name").tried_by(
+        PREP_OUTPUTS + "test_item_82_a_shard_glob_matches_only_its_own_folder"
+    ),
+    Item(83, "prep", "an output damaged at the same size, rerun without --force").tried_by(
+        RERUNS + "test_item_83_damage_of_the_same_size_is_rebuilt_without_force",
+        limit="damage past a file's first and last 64 KiB is found by verify=True, not a rerun",
+    ),
+    Item(84, "prep", "a second run on shared storage, in another PID namespace").tried_by(
+        RERUNS + "test_item_84_a_live_run_that_this_run_cannot_see_keeps_its_temp_files",
+        limit="without flock (Windows, some network filesystems) runs neither wait nor clean up",
+    ),
+    Item(85, "prep", "a byte order mark, empty and whitespace-only documents").tried_by(
+        PREP_FILES + "test_item_85_txt_bom_and_empty_documents_are_skipped_and_counted",
+        differs="an empty document is skipped and counted (source.n_empty_docs_skipped), not "
+        "written as a lone end-of-text token as nanoGPT's prepare.py writes it",
+    ),
+    Item(86, "prep", "train alone from an input whose validation is carved").tried_by(
+        PREP_INPUTS + "test_item_86_train_alone_from_a_carved_input_says_what_it_leaves_out"
+    ),
+    Item(
+        87, "prep", "errors that named nothing: .json, .csv, sidecars, offline, read-only"
+    ).tried_by(
+        PREP_FILES + "test_item_87_a_json_file_with_an_int_among_strings_names_the_file_and_row",
+        PREP_FILES + "test_item_87_a_csv_column_of_digits_is_text_and_errors_name_file_and_line",
+        PREP_FILES + "test_item_87_the_prep_steps_own_outputs_in_an_input_folder_are_skipped",
+        TOKENIZE
+        + "test_item_87_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it",
+        PREP_OUTPUTS + "test_item_87_an_up_to_date_rerun_into_a_read_only_folder_writes_nothing",
+    ),
+    Item(88, "prep", "shard sizes that divide the token count; a sharded split's totals").tried_by(
+        RERUNS + "test_item_88_shard_tokens_that_divide_the_count_or_are_one",
+        RERUNS + "test_item_88_a_sharded_splits_totals_come_from_every_shard",
+    ),
 ]
 
 
@@ -433,9 +472,10 @@ def area_rows() -> list[list[str]]:
 # --- the table's own checks ------------------------------------------------------------------------
 
 
-def test_table_has_every_number_from_1_to_80_once():
+def test_table_has_every_number_from_1_up_once():
     numbers = [item.number for item in CATALOGUE]
-    assert sorted(numbers) == list(range(1, 81)), [n for n, c in Counter(numbers).items() if c > 1]
+    expected = list(range(1, len(CATALOGUE) + 1))
+    assert sorted(numbers) == expected, [n for n, c in Counter(numbers).items() if c > 1]
     assert numbers == sorted(numbers)  # in catalogue order, so a reader can follow along
 
 
@@ -512,8 +552,8 @@ def catalogue_markdown() -> str:
         [
             "# Bad inputs and faults",
             "",
-            "Eighty ways for a token loader and its prep step to be fed something wrong or to",
-            "fail midway, what the project does about it, and the tests that try it. Written by",
+            f"{len(CATALOGUE)} ways for a token loader and its prep step to be fed something wrong",
+            "or to fail midway, what the project does about it, and the tests that try it. Written by",
             "`python tests/test_catalogue.py` from the table in `tests/test_catalogue.py`; a test keeps them equal.",
             "Each test is named as file::test, its file in `tests/`.",
             "",
@@ -532,11 +572,9 @@ def test_bad_inputs_md_is_the_table():
     assert BAD_INPUTS_MD.read_text(encoding="utf-8") == catalogue_markdown(), (
         "tests/bad_inputs.md differs from the table: run python tests/test_catalogue.py"
     )
-    assert (
-        len(re.findall(r"^\| \d+ \|", BAD_INPUTS_MD.read_text(encoding="utf-8"), flags=re.M))
-        == len(CATALOGUE)
-        == 80
-    )
+    assert len(
+        re.findall(r"^\| \d+ \|", BAD_INPUTS_MD.read_text(encoding="utf-8"), flags=re.M)
+    ) == len(CATALOGUE)
 
 
 def test_readme_table_matches_the_catalogue():
