@@ -388,7 +388,9 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
         default=VAL_FRACTION,
         help=f"validation carved from train if none (default: {VAL_FRACTION})",
     )
-    parser.add_argument("--seed", type=int, default=SEED, help=f"seed of that carve ({SEED})")
+    parser.add_argument(
+        "--seed", type=int, default=SEED, help=f"seed of that carve (default: {SEED})"
+    )
     parser.add_argument(
         "--encoding",
         default=ENCODING,
