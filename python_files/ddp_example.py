@@ -10,8 +10,8 @@ the current epoch are gathered and checked: disjoint, and together the whole epo
 windows the sampler drops so that every rank gets as many (EpochSampler.dropped). Under torchrun the
 backend is NCCL with one GPU per rank when the node has a GPU for every local rank, and gloo on the
 CPU otherwise (a one-GPU machine running two ranks): the first line says which. --save-state writes
-the sampler's state after the last step (JSON, rank 0); --resume starts from such a file, with any
-number of ranks.
+the global step and the sampler's state after the last step (JSON, rank 0); --resume starts from
+such a file, with any number of ranks, and counts on from its step.
 """
 
 from __future__ import annotations
@@ -90,11 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         train, val, batch_size=args.batch_size, num_workers=0, seed=args.seed
     )
     sampler = train_loader.sampler
+    step = 0  # the global step: batches taken since the first run began
     if args.resume:
-        sampler.load_state_dict(json.loads(args.resume.read_text()))
+        saved = json.loads(args.resume.read_text())
+        sampler.load_state_dict(saved["sampler"])
+        step = saved["step"]
+    last = step + args.steps
 
-    step = 0
-    while step < args.steps:
+    while step < last:
         epoch = (
             sampler.epoch
         )  # each pass over the loader is the next epoch (or the rest of a resumed one)
@@ -102,14 +105,16 @@ def main(argv: list[str] | None = None) -> int:
             x, y = to_device(batch, device)
             step += 1
             say(f"rank {rank}/{world} step {step} epoch {epoch} checksum {int(x.sum())}")
-            if step == args.steps:
+            if step == last:
                 break
 
     state = sampler.state_dict(consumed=consumed)  # the loop's own count: exact with workers too
     if args.save_state and rank == 0:
         args.save_state.parent.mkdir(parents=True, exist_ok=True)
-        args.save_state.write_text(json.dumps(state))
-        say(f"saved the loader state: epoch {state['epoch']}, position {state['position']}")
+        args.save_state.write_text(json.dumps({"step": step, "sampler": state}))
+        say(
+            f"saved the loader state: step {step}, epoch {state['epoch']}, position {state['position']}"
+        )
 
     mine = torch.from_numpy(sampler.order(epoch))  # this rank's windows of the last epoch it was in
     if distributed:

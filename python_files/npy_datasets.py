@@ -57,6 +57,7 @@ __all__ = [
     "read_sidecar",
     "open_tokens",
     "atomic_write",
+    "fsync_folder",
     "sidecar_for",
     "write_sidecar",
     "write_tokens",
@@ -228,7 +229,8 @@ def atomic_write(path: str | os.PathLike, *, stale: Path | None = None) -> Itera
         name = f".{path.name[:200]}.tmp.{os.getpid()}.{secrets.token_hex(4)}"  # within NAME_MAX
         tmp = path.with_name(name)
         with contextlib.suppress(FileExistsError):
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0))
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+            fd = os.open(tmp, flags, 0o666)  # 0o666: the umask decides, as for any new file
             break
     try:
         with os.fdopen(fd, "w+b") as f:
@@ -237,8 +239,9 @@ def atomic_write(path: str | os.PathLike, *, stale: Path | None = None) -> Itera
             os.fsync(f.fileno())
         if stale is not None:
             stale.unlink(missing_ok=True)  # missing_ok: another run may have just deleted it
+            fsync_folder(path.parent)  # the deletion reaches the disk before the rename can
         os.replace(tmp, path)
-        _fsync_folder(path.parent)  # the rename and the deletion survive a power cut
+        fsync_folder(path.parent)  # the rename survives a power cut
     except OSError as error:  # a full disk: write() names no file, so name the one being written
         if error.filename is None and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
             raise OSError(error.errno, f"{error.strerror} while writing", str(path)) from error
@@ -247,7 +250,8 @@ def atomic_write(path: str | os.PathLike, *, stale: Path | None = None) -> Itera
         tmp.unlink(missing_ok=True)  # gone already after the rename
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """Make the renames and deletions in folder durable (Windows cannot fsync a folder)."""
     if os.name != "nt":  # Windows cannot open a folder to fsync it
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -879,7 +883,7 @@ def _check_token_file(path: str | os.PathLike) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):  # reading a FIFO would block until someone writes to it
         raise _bad(path, "is not a regular file; expected a .npy or .bin file")
     if st.st_size == 0:
-        raise _bad(path, "is empty (0 bytes); re-run the prep step")
+        raise _bad(path, "is empty (0 bytes); rerun the prep step")
     return st
 
 
@@ -1016,7 +1020,7 @@ def _load_sidecar(side: Path) -> Any:
     try:
         return json.loads(side.read_bytes())
     except (OSError, ValueError, RecursionError) as error:  # ValueError: bad JSON or UTF-8
-        raise _bad(side, f"is not valid JSON ({error}); delete this sidecar, re-run the prep step")
+        raise _bad(side, f"is not valid JSON ({error}); delete this sidecar, rerun the prep step")
 
 
 def _check_sidecar(side: Path, meta: Any) -> None:
@@ -1058,7 +1062,7 @@ def _check_sidecar_matches(path: str, meta: dict, layout: FileLayout, size: int,
             f"changed in its first or last {PROBE_BYTES // 1024} KiB since its sidecar was written"
         )
         raise _bad(
-            path, f"{changed}: replaced, swapped or damaged; write it again (prep step: --force)"
+            path, f"{changed}: replaced, swapped or damaged; write it again, or rerun the prep step"
         )
 
 

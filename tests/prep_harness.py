@@ -10,12 +10,12 @@ once and fork afterwards, so a test pays for one interpreter start, not one per 
 
 A kill point STAGE:K sends SIGKILL to the process when the K-th call (counted from 1) of a function
 is about to run, so nothing after that point happens and no cleanup code runs:
-    chunk    _as_token_array, called once per tokenized chunk just before its bytes are written:
-             K = k + 1 dies with k chunks written to the temp file
+    chunk    prep_outputs._as_token_array, called once per tokenized chunk just before its
+             bytes are written: K = k + 1 dies with k chunks written to the temp file
     replace  os.replace (counted from the first token file on), the atomic rename of a
              finished, fsynced temp file
-    sidecar  write_sidecar, just after the token file was renamed into place
-    split    write_token_file, the start of a split's token file
+    sidecar  prep_outputs.write_sidecar, just after the token file was renamed into place
+    split    prep_outputs.write_token_file, the start of a split's token file
 
 --file-size-limit BYTES sets RLIMIT_FSIZE when the first token file starts (so datasets' own cache
 files are not affected) and ignores SIGXFSZ, so a write past the limit raises OSError(EFBIG).
@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_files"))
+import prep_outputs  # noqa: E402 (imported after the sys.path line above)
 import prepare_tokens as pt  # noqa: E402 (imported after the sys.path line above)
 
 
@@ -52,7 +53,7 @@ def _kill_on_call(owner: object, name: str, k: int) -> None:
 
 def _when_the_first_token_file_starts(action) -> None:
     """Run action() once, when write_token_file is first called: after datasets wrote its cache."""
-    original = pt.write_token_file
+    original = prep_outputs.write_token_file
     done = False
 
     def wrapper(*args, **kwargs):
@@ -62,7 +63,7 @@ def _when_the_first_token_file_starts(action) -> None:
             action()
         return original(*args, **kwargs)
 
-    pt.write_token_file = wrapper
+    prep_outputs.write_token_file = wrapper
 
 
 def _limit_file_size(limit: int) -> None:
@@ -71,10 +72,10 @@ def _limit_file_size(limit: int) -> None:
 
 
 STAGES = {
-    "chunk": (pt, "_as_token_array"),
+    "chunk": (prep_outputs, "_as_token_array"),
     "replace": (os, "replace"),
-    "sidecar": (pt, "write_sidecar"),
-    "split": (pt, "write_token_file"),
+    "sidecar": (prep_outputs, "write_sidecar"),
+    "split": (prep_outputs, "write_token_file"),
 }
 
 

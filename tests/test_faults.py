@@ -28,6 +28,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 import npy_datasets as nd
+import prep_outputs
+import prep_tokenize
 from conftest import ROOT, WORKER_TIMEOUT, write_tokens
 
 HERE = Path(__file__).resolve().parent
@@ -81,8 +83,12 @@ def reference(pt, data, tmp_path_factory) -> dict[str, bytes]:
 
 
 def finals(folder: Path) -> dict[str, bytes]:
-    """Files at final paths (not temp files), by name."""
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if ".tmp." not in p.name}
+    """Files at final paths (not temp files, nor the folder's lock file), by name."""
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(folder.iterdir())
+        if ".tmp." not in p.name and p.name != prep_outputs.LOCK_NAME
+    }
 
 
 def temps(folder: Path) -> list[str]:
@@ -200,7 +206,7 @@ def test_sigkill_at_each_stage_of_prep_leaves_nothing_half_done(tmp_path, pt, da
 def test_ctrl_c_at_chunk_k_removes_the_temp_and_keeps_the_old_output(
     tmp_path, pt, data, reference, monkeypatch, capsys
 ):
-    real = pt._as_token_array
+    real = prep_outputs._as_token_array
     for k in (1, 6, 15, 17):  # first chunk, mid train, train's last chunk, mid validation
         out = tmp_path / f"k{k}"
         prepare(pt, data, out, column="story")
@@ -213,7 +219,7 @@ def test_ctrl_c_at_chunk_k_removes_the_temp_and_keeps_the_old_output(
             return real(chunk, dtype)
 
         with monkeypatch.context() as patch:
-            patch.setattr(pt, "_as_token_array", interrupt_at_k)
+            patch.setattr(prep_outputs, "_as_token_array", interrupt_at_k)
             with pytest.raises(KeyboardInterrupt):
                 prepare(pt, data, out)
         assert temps(out) == [], f"k={k}: a temp file was left"
@@ -236,7 +242,7 @@ def test_ctrl_c_at_chunk_k_removes_the_temp_and_keeps_the_old_output(
             raise KeyboardInterrupt
         return real(chunk, dtype)
 
-    monkeypatch.setattr(pt, "_as_token_array", interrupt_at_3)
+    monkeypatch.setattr(prep_outputs, "_as_token_array", interrupt_at_3)
     assert (
         pt.main(cli_args(data, tmp_path / "cli")) == 130
     )  # the command line: exit 130, a one-line message
@@ -280,22 +286,17 @@ def test_two_runs_on_one_output_leave_one_valid_output(tmp_path, pt, data, refer
         nd.open_tokens(out / f"{split}.npy", verify=True)
 
 
-def test_a_sidecar_deleted_by_another_run_in_between_is_not_an_error(tmp_path, pt, monkeypatch):
+def test_a_sidecar_deleted_by_another_run_in_between_is_not_an_error(tmp_path, pt):
     path = tmp_path / "train.npy"
     pt.write_token_file([np.arange(10)], path)
-    side = pt.write_sidecar(path, {"format": "npy-tokens"})
+    side = nd.write_sidecar(path, {"format": "npy-tokens"})
 
-    class DeletedByTheOtherRun(type(side)):
-        def exists(self, *args, **kwargs):  # true when asked; the other run deletes it right after
-            found = super().exists(*args, **kwargs)
-            if found:
-                os.unlink(self)
-            return found
+    def chunks():  # another run deletes the old sidecar while this one writes
+        yield np.arange(10)
+        side.unlink()
+        yield np.arange(10, 20)
 
-    monkeypatch.setattr(pt, "sidecar_path", lambda p: DeletedByTheOtherRun(side))
-    pt.write_token_file(
-        [np.arange(20)], path
-    )  # used to raise FileNotFoundError from the second unlink
+    pt.write_token_file(chunks(), path)  # its old sidecar is deleted before the rename: gone
     assert np.load(path).tolist() == list(range(20)) and not side.exists()
     assert temps(tmp_path) == []
 
@@ -346,27 +347,24 @@ def test_fsync_rename_fsync_order_with_temp_files_beside_the_target(
         value = value.replace(folder, "out")
         return re.sub(r"/\.(\S+?)\.tmp\.\d+\.[0-9a-f]{8}$", r"/<temp of \1>", value)
 
+    # npy_datasets.atomic_write's order: the old sidecar's deletion reaches the disk before the
+    # rename can, so a power cut never leaves the new file beside the old sidecar.
     assert [tuple(map(tidy, event)) for event in events] == [
         ("fsync", "out/<temp of train.npy>"),  # the data reaches the disk first
-        (
-            "unlink",
-            "out/train.npy.json",
-        ),  # then the old sidecar goes, so no stale pair can survive a crash
-        ("fsync", "out"),
-        (
-            "replace",
-            "out/<temp of train.npy>",
-            "out/train.npy",
-        ),  # renamed within one folder: never EXDEV
+        ("unlink", "out/train.npy.json"),  # then the old sidecar goes: no stale pair is left
+        ("fsync", "out"),  # and that deletion is durable
+        ("replace", "out/<temp of train.npy>", "out/train.npy"),  # within one folder: no EXDEV
         ("fsync", "out"),  # the rename is durable
+        ("unlink", "out/<temp of train.npy>"),  # gone already: atomic_write's cleanup
         ("fsync", "out/<temp of train.npy.json>"),  # and only then the sidecar, the same way
         ("replace", "out/<temp of train.npy.json>", "out/train.npy.json"),
         ("fsync", "out"),
+        ("unlink", "out/<temp of train.npy.json>"),
     ]
 
 
 def test_a_failing_tokenizer_thread_stops_prep_with_its_error(tmp_path, pt, data, monkeypatch):
-    real = pt._encode_chunk
+    real = prep_tokenize._encode_chunk
     calls = itertools.count(1)
 
     def crash_on_third(enc, texts, *placement):
@@ -374,7 +372,7 @@ def test_a_failing_tokenizer_thread_stops_prep_with_its_error(tmp_path, pt, data
             raise RuntimeError("tokenizer thread crashed on chunk 3")
         return real(enc, texts, *placement)
 
-    monkeypatch.setattr(pt, "_encode_chunk", crash_on_third)
+    monkeypatch.setattr(prep_tokenize, "_encode_chunk", crash_on_third)
     out = tmp_path / "out"
     outcome = {}
 

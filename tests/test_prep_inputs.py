@@ -1,7 +1,7 @@
 """What prepare_tokens.py reads: local files and folders, save_to_disk, the Hub (offline),
 carving validation from train, the errors an input can raise, and bad parameters.
 
-Tiny local fixtures, no network. Catalogue items 29, 35 and 36 (tests/bad_inputs.md).
+Tiny local fixtures, no network. Catalogue items 29, 35, 36 and 86 (tests/bad_inputs.md).
 """
 
 import json
@@ -15,9 +15,11 @@ import datasets
 import numpy as np
 import pytest
 
+import prep_sources
 import prepare_tokens as pt
 from conftest import (
     DOCS,
+    EOT,
     MANY,
     ROOT,
     STORIES,
@@ -43,13 +45,13 @@ def test_texts_come_in_dataset_order_and_local_files_are_streamed(tmp_path):
     assert callable(whole.documents) and not isinstance(
         whole.documents, datasets.Dataset
     )  # the file itself, streamed
-    assert list(pt._iter_texts(whole)) == MANY
+    assert list(prep_sources.iter_texts(whole)) == MANY
     rows = {name: carved[name].rows for name in ("train", "validation")}
     assert (len(rows["train"]), len(rows["validation"])) == (45, 15)
     assert sorted([*rows["train"], *rows["validation"]]) == list(range(60))
     for name in ("train", "validation"):
         assert np.all(np.diff(rows[name]) > 0)
-        assert list(pt._iter_texts(carved[name])) == [MANY[i] for i in rows[name]]
+        assert list(prep_sources.iter_texts(carved[name])) == [MANY[i] for i in rows[name]]
     in_memory = datasets.Dataset.from_dict(
         {"text": MANY}
     )  # a Dataset (save_to_disk, the Hub), in its own order
@@ -60,7 +62,7 @@ def test_texts_come_in_dataset_order_and_local_files_are_streamed(tmp_path):
         in_memory.select([3, 3, 1]),
     ):
         split = pt.TextSplit("train", docs, "text", {"dataset": "inline", "split": "train"})
-        assert list(pt._iter_texts(split)) == list(docs["text"])
+        assert list(prep_sources.iter_texts(split)) == list(docs["text"])
     picked = pt.TextSplit(
         "train",
         in_memory.select([0, 1]),
@@ -68,7 +70,7 @@ def test_texts_come_in_dataset_order_and_local_files_are_streamed(tmp_path):
         {"dataset": "inline", "split": "train"},
         np.array([1]),
     )
-    assert list(pt._iter_texts(picked)) == [MANY[1]]
+    assert list(prep_sources.iter_texts(picked)) == [MANY[1]]
 
 
 @pytest.mark.parametrize("kind", ["parquet_folder", "save_to_disk", "jsonl_gz_file", "txt_file"])
@@ -102,11 +104,12 @@ def test_other_input_formats(tmp_path, enc, kind):
         decoded(tmp_path / "out" / "train.npy", enc),
         decoded(tmp_path / "out" / "validation.npy", enc),
     )
+    texts = [t for t in DOCS if t]  # an empty document is skipped
     if kind in ("parquet_folder", "save_to_disk"):
-        assert (train, validation) == (DOCS, val)
+        assert (train, validation) == (texts, val)
         assert results["train"].meta["source"]["from_split"] == "train"
     else:  # a single file is the train split: validation is carved from it
-        expected = DOCS + val if kind == "jsonl_gz_file" else lines
+        expected = texts + val if kind == "jsonl_gz_file" else [t for t in lines if t]
         assert sorted(train + validation) == sorted(expected) and len(validation) == 1
         assert results["validation"].meta["source"]["val_fraction"] == pt.VAL_FRACTION
     assert re.fullmatch(
@@ -229,9 +232,10 @@ def test_non_text_column_is_refused(tmp_path):
         prepare(tmp_path / "nums", tmp_path / "out")
     (tmp_path / "pq").mkdir()
     datasets.Dataset.from_dict({"text": [1, 2]}).to_parquet(tmp_path / "pq" / "train.parquet")
-    with pytest.raises(
-        ValueError, match=r"column 'text' in .* split train holds .*int64.*not text"
-    ):
+    expected = (
+        f"cannot read {tmp_path / 'pq' / 'train.parquet'}: column 'text' holds int64, not text"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
         prepare(tmp_path / "pq", tmp_path / "out")
 
 
@@ -246,7 +250,7 @@ def test_empty_split_is_refused(tmp_path, monkeypatch):
     )
     (tmp_path / "saved").mkdir()
     (tmp_path / "saved" / "dataset_dict.json").write_text('{"splits": ["train", "validation"]}')
-    monkeypatch.setattr(pt.datasets, "load_from_disk", lambda path: empty)
+    monkeypatch.setattr(datasets, "load_from_disk", lambda path: empty)
     with pytest.raises(ValueError, match="split validation has no documents"):
         prepare(tmp_path / "saved", tmp_path / "out")
 
@@ -337,7 +341,7 @@ def test_unreachable_hub_fails_at_once_naming_offline_mode_and_the_sample(monkey
             "load_dataset called: it would retry the unreachable Hub for half a minute"
         )
 
-    monkeypatch.setattr(pt, "hub_reachable", lambda timeout=pt.HUB_PROBE_TIMEOUT_S: False)
+    monkeypatch.setattr(prep_sources, "hub_reachable", lambda timeout=3.0: False)
     monkeypatch.setattr(datasets, "load_dataset", never)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     with pytest.raises(pt.HubUnreachableError, match="materials/tinystories_sample") as exc:
@@ -408,7 +412,8 @@ def test_item_29_prep_parameters(tmp_path):
         ({"val_fraction": 0.0}, ValueError, "got 0.0"),
         ({"val_fraction": -0.1}, ValueError, "got -0.1"),
         ({"val_fraction": "0.1"}, TypeError, "val_fraction must be a number, got '0.1'"),
-        ({"seed": -1}, ValueError, "seed must be an int >= 0, got -1"),
+        ({"seed": -1}, ValueError, "seed must be at least 0, got -1"),
+        ({"seed": 1.5}, TypeError, "seed must be an int, got float 1.5"),
         ({"layout": "csv"}, ValueError, "layout must be one of ('npy', 'bin', 'llmc'), got 'csv'"),
         ({"splits": []}, ValueError, "splits must be one or more non-empty names, got []"),
         (
@@ -463,12 +468,13 @@ def test_bad_parameters_fail_before_any_work(tmp_path, kwargs):
         (["--chunk-docs", "-1"], "chunk_docs must be at least 1, got -1"),
         (["--val-fraction", "nan"], "val_fraction must be strictly between 0 and 1, got nan"),
         (["--val-fraction", "1"], "val_fraction must be strictly between 0 and 1, got 1.0"),
-        (["--seed", "-1"], "seed must be an int >= 0, got -1"),
+        (["--seed", "-1"], "seed must be at least 0, got -1"),
         (["--splits", "../x"], "split name '../x' cannot be a file name"),
-        (["--format", "csv"], "argument --format: invalid choice: 'csv'"),
+        (["--layout", "csv"], "argument --layout: invalid choice: 'csv'"),
+        (["--format", "npy"], "unrecognized arguments: --format npy"),
         (["--shard-tokens", "0"], "shard_tokens must be at least 1, got 0"),
         (["--shard-tokens", "1e6"], "argument --shard-tokens: invalid int value: '1e6'"),
-        (["--eot", "after"], "argument --eot: invalid choice: 'after'"),
+        (["--eot-placement", "after"], "argument --eot-placement: invalid choice: 'after'"),
     ],
 )
 def test_cli_rejects_bad_parameters(argv, message, capsys):
@@ -487,3 +493,38 @@ def test_shard_tokens_must_be_a_positive_int(tmp_path):
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="more than 6 digits"):
         pt.shard_path(tmp_path, "train", 10**6)
+
+
+# --- issue 19/20: what a carve leaves out, nanoGPT's split name ---------------------------------
+
+
+def test_item_86_train_alone_from_a_carved_input_says_what_it_leaves_out(tmp_path, capsys):
+    data = make_dataset(tmp_path / "in", MANY)  # no validation split: one is carved from train
+    assert pt.main(["--dataset", str(data), "--out", str(tmp_path / "a"), "--splits", "train"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("train: 59 docs"), lines
+    assert lines[1] == (
+        "note: train leaves out the documents carved off as validation (--val-fraction 0.005, "
+        "--seed 1337); add validation to --splits to write them"
+    )
+    assert pt.main(["--dataset", str(data), "--out", str(tmp_path / "b")]) == 0
+    assert "note:" not in capsys.readouterr().out  # both splits written: nothing left out
+
+
+def test_splits_named_val_are_the_validation_split_as_nanogpt_names_it(tmp_path, enc):
+    carved = make_dataset(tmp_path / "one", MANY)  # train only: val is carved from it
+    results = prepare(carved, tmp_path / "a", splits=["train", "val"])
+    validation = prepare(carved, tmp_path / "b")["validation"]
+    assert (tmp_path / "a" / "val.npy").read_bytes() == validation.path.read_bytes()
+    assert results["val"].meta["source"]["from_split"] == "train"
+    both = make_dataset(tmp_path / "two", MANY, MANY[:3])  # a validation split: val reads it
+    command = ["--dataset", str(both), "--out", str(tmp_path / "c"), "--splits", "train", "val"]
+    assert pt.main([*command, "--layout", "bin", "--eot-placement", "append"]) == 0
+    assert sorted(p.name for p in (tmp_path / "c").iterdir() if p.suffix == ".bin") == [
+        "train.bin",
+        "val.bin",
+    ]  # the two files nanoGPT's train.py reads
+    nanogpt = [i for text in MANY[:3] for i in (*enc.encode_ordinary(text), EOT)]
+    assert np.fromfile(tmp_path / "c" / "val.bin", dtype=np.uint16).tolist() == nanogpt
+    with pytest.raises(ValueError, match=r"split 'test' not found"):
+        prepare(both, tmp_path / "d", splits=["test"])

@@ -1,7 +1,7 @@
 """What prepare_tokens.py writes: .npy, .bin and llm.c layouts, headers, sidecars, the writer's
 checks, the output folder, names, links and modes, and the command line's output.
 
-Catalogue items 29, 31, 64, 71, 75, 76 and 80 (tests/bad_inputs.md).
+Catalogue items 29, 31, 64, 71, 75, 76, 80, 82 and 87 (tests/bad_inputs.md).
 """
 
 import ast
@@ -10,6 +10,7 @@ import io
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
 import subprocess
@@ -89,9 +90,10 @@ def test_bin_layout_is_the_npy_data_without_header(tmp_path):
 
 def test_eot_append_writes_nanogpts_bin_byte_for_byte_and_prepend_stays_the_default(tmp_path, enc):
     val = ["A short validation story.", "Another one, with a comma."]
-    data = make_dataset(tmp_path / "in", DOCS, val)
+    stories = [text for text in DOCS if text]  # nanoGPT would write "" as an EOT alone: not here
+    data = make_dataset(tmp_path / "in", stories, val)
     nanogpt = {}
-    for split, texts in (("train", DOCS), ("validation", val)):
+    for split, texts in (("train", stories), ("validation", val)):
         ids = []
         for text in texts:  # nanoGPT's data/openwebtext/prepare.py: ids = enc.encode_ordinary(text); ids.append(eot)
             ids += [*enc.encode_ordinary(text), enc.eot_token]
@@ -105,16 +107,16 @@ def test_eot_append_writes_nanogpts_bin_byte_for_byte_and_prepend_stays_the_defa
                 str(data),
                 "--out",
                 str(tmp_path / "cli"),
-                "--format",
+                "--layout",
                 "bin",
-                "--eot",
+                "--eot-placement",
                 "append",
             ]
         )
         == 0
     )
     results = prepare(data, tmp_path / "out", layout="bin", eot_placement="append")
-    for split, texts in (("train", DOCS), ("validation", val)):
+    for split, texts in (("train", stories), ("validation", val)):
         assert (
             (tmp_path / "cli" / f"{split}.bin").read_bytes()
             == nanogpt[split]
@@ -130,7 +132,7 @@ def test_eot_append_writes_nanogpts_bin_byte_for_byte_and_prepend_stays_the_defa
         "train"
     ]  # the default, prepend: the placement is a setting
     assert again.written and again.meta["eot_placement"] == "prepend"
-    assert (tmp_path / "out" / "train.bin").read_bytes() == reference_tokens(DOCS, enc).tobytes()
+    assert (tmp_path / "out" / "train.bin").read_bytes() == reference_tokens(stories, enc).tobytes()
     with pytest.raises(
         ValueError, match=r"eot_placement must be one of \('prepend', 'append'\), got 'after'"
     ):
@@ -161,7 +163,7 @@ def test_llmc_shards_have_llmcs_header_and_hold_the_npy_tokens(tmp_path, enc):
                 str(data),
                 "--out",
                 str(tmp_path / "llmc"),
-                "--format",
+                "--layout",
                 "llmc",
                 "--shard-tokens",
                 "100",
@@ -197,7 +199,7 @@ def test_llmc_shards_have_llmcs_header_and_hold_the_npy_tokens(tmp_path, enc):
     assert result.path.name == "train.bin" and np.fromfile(
         result.path, dtype="<i4", count=2
     ).tolist() == [20240801, 7]
-    expected = [i for text in DOCS for i in (70_000, *enc.encode_ordinary(text))]
+    expected = [i for text in DOCS if text for i in (70_000, *enc.encode_ordinary(text))]
     assert llmc_shard(result.path).tolist() == expected == open_tokens(result.path).tolist()
 
 
@@ -225,7 +227,7 @@ def test_sidecar_fields_describe_the_file(tmp_path):
         "eot_id": EOT,
         "eot_placement": "prepend",
         "max_token_id": int(tokens.max()),
-        "n_docs": len(DOCS),
+        "n_docs": len(DOCS) - 1,  # DOCS holds one empty document: skipped
         "created_by": "prepare_tokens.py",
     }
     assert {k: meta[k] for k in expected} == expected
@@ -267,12 +269,15 @@ def test_write_token_file_refuses_empty_output_and_wrong_suffix(tmp_path):
 
 
 def test_item_64_prep_streams_and_never_preallocates():
-    tree = ast.parse((ROOT / "python_files" / "prepare_tokens.py").read_text(encoding="utf-8"))
-    names = {
-        getattr(n, "attr", getattr(n, "id", None))
-        for n in ast.walk(tree)
-        if isinstance(n, (ast.Attribute, ast.Name))
-    }
+    names = set()
+    for path in [ROOT / "python_files" / "prepare_tokens.py", *ROOT.glob("python_files/prep_*.py")]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names |= {
+            getattr(n, "attr", getattr(n, "id", None))
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Attribute, ast.Name))
+        }
+    assert "write_token_file" in names  # the files were read
     # a sparse or preallocated memmap turns a full disk into SIGBUS; streaming writes turn it into OSError
     assert not names & {
         "memmap",
@@ -413,7 +418,7 @@ def test_item_76_planted_symlinks(tmp_path, monkeypatch):
     assert nd.open_tokens(out / "train.npy", verify=True).size > 0
     # A link planted at the next temp name: O_EXCL refuses to open it, and a fresh name is drawn.
     names = iter(["deadbeef", "cafef00d"])
-    monkeypatch.setattr(pt.secrets, "token_hex", lambda n: next(names))
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(names))
     planted = out / f".train.bin.tmp.{os.getpid()}.deadbeef"
     planted.symlink_to(victim)
     pt.write_token_file([np.arange(5)], out / "train.bin", layout="bin")
@@ -480,3 +485,54 @@ def test_cli_end_to_end_on_bundled_sample(tmp_path, enc):
     rerun = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr
     assert [line.endswith("(up to date)") for line in rerun.stdout.splitlines()] == [True, True]
+
+
+def test_item_82_a_shard_glob_matches_only_its_own_folder(tmp_path):
+    from npy_datasets import NpyTokensDataset
+
+    data = make_dataset(tmp_path / "in", MANY, ["v"])
+    mine = prepare(data, tmp_path / "run[1]", splits=["train"], shard_tokens=300)["train"]
+    other = prepare(data, tmp_path / "run1", splits=["train"], shard_tokens=700)["train"]
+    assert len(mine.shards) != len(other.shards)  # run[1] as a pattern would match run1
+    dataset = NpyTokensDataset(str(mine.path), 8)  # the glob as returned and printed
+    assert [f.path for f in dataset.files] == [str(p) for p in mine.shards]
+    assert str(mine.path).endswith(f"run[[]1]/train_{'[0-9]' * 6}.npy")
+    assert "run[[]1]/train_[0-9]" in mine.summary()
+
+
+def test_item_87_an_up_to_date_rerun_into_a_read_only_folder_writes_nothing(tmp_path):
+    data, out = make_dataset(tmp_path / "in", MANY, ["v"]), tmp_path / "out"
+    prepare(data, out)
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    prefix = []
+    if os.geteuid() == 0:  # root passes every permission check unless it gives up CAP_DAC_OVERRIDE
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: permission bits cannot be enforced")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    command = [sys.executable, "python_files/prepare_tokens.py", "--dataset", str(data)]
+    env = dict(os.environ, HF_DATASETS_CACHE=str(tmp_path / "hf"), **NO_NETWORK)
+    out.chmod(0o555)
+    try:
+        kept = subprocess.run(
+            [*prefix, *command, "--out", str(out)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        rebuild = subprocess.run(
+            [*prefix, *command, "--out", str(out), "--shard-tokens", "100"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        out.chmod(0o755)
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    assert [line.endswith("(up to date)") for line in kept.stdout.splitlines()] == [True, True]
+    assert rebuild.returncode == 1 and "Traceback" not in rebuild.stderr
+    assert f"cannot write to output folder {str(out)!r}" in rebuild.stderr, rebuild.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before

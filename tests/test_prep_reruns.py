@@ -1,8 +1,8 @@
 """prepare_tokens.py run again, interrupted or sharded: what a rerun keeps, rebuilds or swaps, one
-file or a set of shards, and what an interruption leaves.
+file or a set of shards, what an interruption leaves, and a run that waits for another.
 
 The subprocess fault runs (kills, disk full, two runs at once) are in test_faults.py. Catalogue
-items 30, 60, 61, 66 and 68 (tests/bad_inputs.md).
+items 30, 60, 61, 66, 68, 83, 84 and 88 (tests/bad_inputs.md).
 """
 
 import os
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import npy_datasets as nd
+import prep_outputs
 import prepare_tokens as pt
 from conftest import (
     DOCS,
@@ -137,7 +138,7 @@ def test_shards_hold_exactly_shard_tokens_and_concatenate_to_the_one_file(tmp_pa
         {"index": i, "count": k, "shard_tokens": n, "first_token": i * n} for i in range(k)
     ]
     assert [m["n_docs"] for m in metas] == [int(np.count_nonzero(part == EOT)) for part in parts]
-    assert (result.meta["n_docs"], result.meta["n_tokens"], result.meta["n_shards"]) == (
+    assert (result.meta["n_docs"], result.meta["n_tokens"], len(result.shards)) == (
         len(MANY),
         len(whole),
         k,
@@ -223,7 +224,8 @@ def test_sharding_refuses_to_touch_another_splits_file_with_a_shard_name(tmp_pat
     assert (out / "train_000001.npy").read_bytes() == before and (
         out / "train_000001.npy.json"
     ).is_file()
-    assert sorted(p.name for p in out.iterdir()) == ["train_000001.npy", "train_000001.npy.json"]
+    names = sorted(p.name for p in out.iterdir() if p.name != prep_outputs.LOCK_NAME)
+    assert names == ["train_000001.npy", "train_000001.npy.json"]
 
 
 def test_the_dataset_warns_when_a_shard_set_is_incomplete_or_repeated(tmp_path):
@@ -302,7 +304,7 @@ def test_crash_between_data_and_sidecar_leaves_no_sidecar(tmp_path, monkeypatch)
     def crash(*args, **kwargs):
         raise OSError("simulated power cut before the sidecar")
 
-    monkeypatch.setattr(pt, "write_sidecar", crash)
+    monkeypatch.setattr(prep_outputs, "write_sidecar", crash)
     with pytest.raises(OSError, match="simulated"):
         prepare(data, out, force=True)
     assert (out / "train.npy").is_file() and not (out / "train.npy.json").exists()
@@ -317,7 +319,8 @@ def test_a_failed_sharded_rebuild_keeps_the_previous_shards_whole(tmp_path, monk
     before = prepare(data, out, shard_tokens=300)["train"]
     snapshot = {p.name: p.read_bytes() for p in out.iterdir()}
     tokens = np.concatenate([np.load(p) for p in before.shards])
-    real, calls = pt.write_token_file, []
+    real = prep_outputs.write_token_file
+    calls = []
 
     def interrupted_on_the_third_shard(chunks, path, *args, **kwargs):
         calls.append(Path(path))
@@ -325,7 +328,7 @@ def test_a_failed_sharded_rebuild_keeps_the_previous_shards_whole(tmp_path, monk
             raise KeyboardInterrupt
         return real(chunks, path, *args, **kwargs)
 
-    monkeypatch.setattr(pt, "write_token_file", interrupted_on_the_third_shard)
+    monkeypatch.setattr(prep_outputs, "write_token_file", interrupted_on_the_third_shard)
     with pytest.raises(KeyboardInterrupt):
         prepare(data, out, shard_tokens=200, splits=["train"])  # other settings: a rebuild
     assert all(
@@ -361,7 +364,8 @@ def sigint_raises_keyboard_interrupt():
 def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, monkeypatch):
     data, out = make_dataset(tmp_path / "in", MANY, MANY[:3]), tmp_path / "out"
     prepare(data, out, shard_tokens=100, splits=["train"])
-    real_replace, renames = pt.os.replace, []
+    real_replace = os.replace
+    renames = []
 
     def ctrl_c_after_the_first_rename(src, dst):
         real_replace(src, dst)
@@ -373,7 +377,7 @@ def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, m
         if len(renames) == 1:
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, half way through the renames
 
-    monkeypatch.setattr(pt.os, "replace", ctrl_c_after_the_first_rename)
+    monkeypatch.setattr(os, "replace", ctrl_c_after_the_first_rename)
     with pytest.raises(KeyboardInterrupt):
         prepare(data, out, shard_tokens=300, splits=["train"])
     monkeypatch.undo()
@@ -393,23 +397,118 @@ def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
     data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
     out.mkdir()
     dead = out / ".train.npy.tmp.999999999.deadbeef"  # far above any possible pid
-    alive = out / f".train.npy.tmp.{os.getppid()}.cafef00d"  # our parent: still running
+    reused = out / f".train.npy.tmp.{os.getppid()}.cafef00d"  # a live pid, not a live run: no lock
     other = out / "notes.tmp.txt"
-    for p in (dead, alive, other):
+    for p in (dead, reused, other):
         p.write_bytes(b"x")
     prepare(data, out)
-    assert not dead.exists() and alive.exists() and other.exists()
+    assert not dead.exists() and not reused.exists() and other.exists()
 
 
 def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait(timeout=60)
-    staging = tmp_path / f".train_shards.tmp.{dead.pid}.0badc0de"
+    staging = tmp_path / ".train_shards.tmp.1.0badc0de"  # pid 1 lives, but holds no lock here
     staging.mkdir()
     (staging / "train_000000.npy").write_bytes(b"half a shard")
-    alive = (
-        tmp_path / ".train_shards.tmp.1.0badc0de"
-    )  # pid 1 is always alive: its run may still be writing
-    alive.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    planted = tmp_path / ".validation_shards.tmp.2.0badc0de"
+    planted.symlink_to(victim)  # a link with a staging folder's name: never followed
     assert pt.clean_stale_temp_files(tmp_path) == [staging]
-    assert not staging.exists() and alive.is_dir()
+    assert not staging.exists() and planted.is_symlink() and victim.is_dir()
+    assert pt.clean_stale_temp_files(tmp_path / "missing") == []
+
+
+# --- issue 19: reruns after damage, shared folders, shard arithmetic ----------------------------
+
+
+def test_item_83_damage_of_the_same_size_is_rebuilt_without_force(tmp_path):
+    data, out = make_dataset(tmp_path / "in", MANY, ["v"]), tmp_path / "out"
+    prepare(data, out)
+    path = out / "train.npy"
+    good = path.read_bytes()
+    damaged = bytearray(good)
+    damaged[200] ^= 0xFF  # in the first 64 KiB, after the header: the probe covers it
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(TokenFileError, match="write it again, or rerun the prep step"):
+        open_tokens(path)  # the loader refuses it and sends the user here
+    again = prepare(data, out)["train"]
+    assert again.written and path.read_bytes() == good  # rebuilt, without --force
+    assert not prepare(data, out)["train"].written
+
+
+LOCK = ".prepare_tokens.lock"  # prep_outputs.LOCK_NAME, spelled out: the test names the file
+
+
+def test_item_84_a_live_run_that_this_run_cannot_see_keeps_its_temp_files(tmp_path, capsys):
+    import threading
+
+    data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
+    out.mkdir()
+    temp = out / ".train.npy.tmp.999999999.deadbeef"  # a pid from another PID namespace
+    staging = out / ".train_shards.tmp.999999999.0badc0de"
+    temp.write_bytes(b"half a file")
+    staging.mkdir()
+    holder = subprocess.Popen(  # the other run: it holds the folder's lock until its stdin closes
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\nsys.stdin.read()",
+            str(out / LOCK),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        outcome = {}
+        run = threading.Thread(target=lambda: outcome.update(prepare(data, out)), daemon=True)
+        run.start()
+        run.join(3)
+        assert run.is_alive(), "the run did not wait for the live run's lock"
+        assert temp.exists() and staging.is_dir()  # the live run's files are untouched
+        assert not (out / "train.npy").exists()
+    finally:
+        holder.communicate("", timeout=60)  # the other run ends, and its lock with it
+    run.join(60)
+    assert not run.is_alive() and outcome["train"].written
+    assert not temp.exists() and not staging.exists()  # now a dead run's: removed
+    assert "waiting for another prep run" in capsys.readouterr().err
+    assert prep_outputs.LOCK_NAME == LOCK
+
+
+def test_item_88_shard_tokens_that_divide_the_count_or_are_one(tmp_path):
+    data = make_dataset(tmp_path / "in", ["A cat.", "It sat on a mat today."], ["v"])
+    whole = np.load(prepare(data, tmp_path / "one", splits=["train"])["train"].path)
+    divisors = [k for k in range(2, len(whole)) if len(whole) % k == 0]
+    assert divisors, len(whole)  # the texts are chosen so that the count has a divisor
+    for shard_tokens in (divisors[0], 1, len(whole)):
+        out = tmp_path / f"shards_{shard_tokens}"
+        result = prepare(data, out, splits=["train"], shard_tokens=shard_tokens)["train"]
+        assert len(result.shards) == len(whole) // shard_tokens  # no empty last shard
+        parts = [np.load(p) for p in result.shards]
+        assert all(len(part) == shard_tokens for part in parts)
+        np.testing.assert_array_equal(np.concatenate(parts), whole)
+        assert result.meta["n_tokens"] == len(whole) and result.meta["n_docs"] == 2
+
+
+def test_item_88_a_sharded_splits_totals_come_from_every_shard(tmp_path):
+    data = make_dataset(tmp_path / "in", MANY[5:15], ["v"])
+    result = prepare(
+        data, tmp_path / "out", splits=["train"], shard_tokens=7, eot_placement="append"
+    )["train"]
+    metas = [read_sidecar(p) for p in result.shards]
+    assert metas[0]["max_token_id"] < EOT  # the first shard holds no EOT: part of a story
+    expected = {
+        "n_tokens": sum(m["n_tokens"] for m in metas),
+        "n_docs": sum(m["n_docs"] for m in metas),
+        "max_token_id": max(m["max_token_id"] for m in metas),
+    }
+    assert expected == {"n_tokens": expected["n_tokens"], "n_docs": 10, "max_token_id": EOT}
+    assert {k: result.meta[k] for k in expected} == expected
+    assert "n_shards" not in result.meta and len(result.shards) == metas[0]["shard"]["count"]
+    kept = prepare(
+        data, tmp_path / "out", splits=["train"], shard_tokens=7, eot_placement="append"
+    )["train"]
+    assert not kept.written and kept.meta == result.meta  # the same totals, read back

@@ -1,7 +1,7 @@
 """How prepare_tokens.py tokenizes: GPT-2 from the bundled files, one EOT per document, text
 shaping (.txt separators, CRLF), special-token and hostile text, and vocabularies above 65,536 ids.
 
-Catalogue items 31, 34, 35, 38 and 79 (tests/bad_inputs.md).
+Catalogue items 31, 34, 35, 38, 79 and 87 (tests/bad_inputs.md).
 """
 
 import json
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import npy_datasets as nd
+import prep_tokenize
 import prepare_tokens as pt
 from conftest import (
     DOCS,
@@ -47,7 +48,9 @@ def test_round_trip_decodes_every_document_exactly(tmp_path, enc):
     data = make_dataset(tmp_path / "in", DOCS, val)
     results = prepare(data, tmp_path / "out")
     assert set(results) == {"train", "validation"}
-    for split, texts in (("train", DOCS), ("validation", val)):
+    written = [text for text in DOCS if text]  # the empty document is skipped and counted
+    assert results["train"].meta["source"]["n_empty_docs_skipped"] == 1
+    for split, texts in (("train", written), ("validation", val)):
         tokens = np.load(tmp_path / "out" / f"{split}.npy")
         assert tokens.dtype == np.uint16
         assert tokens[0] == EOT
@@ -106,13 +109,11 @@ def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(
         ("\r\n  <|endoftext|> \r\n".join(crlf) + "\r\n").encode()
     )
     results = prepare(folder, tmp_path / "out")
-    assert (
-        decoded(tmp_path / "out" / "train.npy", enc) == stories
-        and results["train"].meta["n_docs"] == 5
-    )
-    assert (
-        decoded(tmp_path / "out" / "validation.npy", enc) == crlf
-    )  # "\r\n" inside a story is kept as it was
+    kept = [story for story in stories if story]  # the empty story is skipped
+    assert decoded(tmp_path / "out" / "train.npy", enc) == kept
+    assert results["train"].meta["n_docs"] == 4
+    crlf_kept = [story for story in crlf if story]
+    assert decoded(tmp_path / "out" / "validation.npy", enc) == crlf_kept  # "\r\n" kept inside
     lines = [
         "one document",
         "a lone \r is not a line break",
@@ -127,7 +128,7 @@ def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(
         decoded(tmp_path / "out" / "train.npy", enc) != lines
         and prepare(folder, tmp_path / "out")["train"].written
     )
-    assert decoded(tmp_path / "out" / "train.npy", enc) == lines
+    assert decoded(tmp_path / "out" / "train.npy", enc) == [line for line in lines if line]
     assert (
         "lines of only <|endoftext|> (TinyStoriesV2-GPT4-train.txt) holds the stories"
         in " ".join(pt._parser().format_help().split())
@@ -158,11 +159,13 @@ def test_item_35_hostile_text(tmp_path):
     )
     tokens = nd.open_tokens(result.path, verify=True)
     starts = np.flatnonzero(tokens == enc.eot_token)
-    assert len(starts) == len(texts) == result.meta["n_docs"]  # an empty document is one EOT alone
+    kept = [text for text in texts if text]  # an empty document is skipped, and counted
+    assert len(starts) == len(kept) == result.meta["n_docs"]
+    assert result.meta["source"]["n_empty_docs_skipped"] == 2
     docs = [
         enc.decode(tokens[a + 1 : b].tolist()) for a, b in zip(starts, [*starts[1:], len(tokens)])
     ]
-    assert docs == texts
+    assert docs == kept
     # A lone surrogate cannot be encoded as UTF-8: tiktoken replaces it (lossy), and JSON input holding one is refused.
     (chunk,) = pt.tokenize_documents(["a\ud800b"], enc, num_threads=1)
     assert enc.decode(chunk[1:].tolist()) == "a\ufffdb"
@@ -235,7 +238,10 @@ def test_gpt2_encoding_refuses_a_file_whose_sha256_differs(tmp_path):
     with pytest.raises(ValueError, match="sha256 differs from GPT-2's encoder.json"):
         pt.gpt2_encoding(tmp_path / "files")
     assert encoder.read_bytes() == raw  # refused, and left for the user to look at
-    assert pt.TIKTOKEN_FILES == TIKTOKEN_CACHE and pt.gpt2_encoding(TIKTOKEN_CACHE).n_vocab == 50257
+    assert (
+        prep_tokenize.TIKTOKEN_FILES == TIKTOKEN_CACHE
+        and pt.gpt2_encoding(TIKTOKEN_CACHE).n_vocab == 50257
+    )
 
 
 def test_item_79_tampered_tokenizer_file_is_refused(tmp_path):
@@ -273,9 +279,9 @@ def test_item_79_tampered_tokenizer_file_is_refused(tmp_path):
     )  # the tampered one is refused, then cannot be fetched
     assert not vocab.exists()  # tiktoken deleted it rather than use it
     # Prep reads its own committed folder, not a shared or world-writable one, and checks the file it reads.
-    assert pt.TIKTOKEN_FILES == ROOT / "materials" / "tiktoken_cache"
-    assert not pt.TIKTOKEN_FILES.stat().st_mode & stat.S_IWOTH
-    encoder = bad / pt.GPT2_ENCODER_JSON
+    assert prep_tokenize.TIKTOKEN_FILES == ROOT / "materials" / "tiktoken_cache"
+    assert not prep_tokenize.TIKTOKEN_FILES.stat().st_mode & stat.S_IWOTH
+    encoder = bad / prep_tokenize.GPT2_ENCODER_JSON
     encoder.write_bytes(encoder.read_bytes().replace(b'"hello": 31373', b'"hello": 31374'))
     with pytest.raises(ValueError, match="sha256 differs from GPT-2's encoder.json"):
         pt.gpt2_encoding(bad)
@@ -352,3 +358,22 @@ def test_item_38_vocab_limits_come_from_the_encoding(tmp_path):
         assert meta["n_vocab"] == enc.n_vocab == enc.max_token_value + 1  # special tokens included
         assert meta["dtype"] == nd.token_dtype(enc.n_vocab).name and meta["eot_id"] == enc.eot_token
     assert tiktoken.get_encoding("gpt2").n_vocab == 50_257
+
+
+def test_item_87_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it(tmp_path):
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tmp_path / "empty_cache"), **NO_NETWORK)
+    command = [sys.executable, "python_files/prepare_tokens.py", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(
+        [*command, "--encoding", "cl100k_base"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "Traceback" not in proc.stderr and "HTTPSConnectionPool" not in proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("prepare_tokens.py: error: encoding 'cl100k_base': ")
+    assert "TIKTOKEN_CACHE_DIR" in line and str(tmp_path / "empty_cache") in line
+    assert not (tmp_path / "out").exists()

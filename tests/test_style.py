@@ -23,6 +23,10 @@ SOURCES = [path for folder in FOLDERS for path in sorted((ROOT / folder).glob("*
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 TEST_FILES = sorted((ROOT / "tests").glob("test_*.py"))
 MAX_TEST_FILE_LINES = 600  # as ruff format lays a file out; split a longer one by unit
+PREP_FILES = [ROOT / "python_files" / "prepare_tokens.py"] + sorted(
+    (ROOT / "python_files").glob("prep_*.py")
+)  # the prep step: its entry point and the files it is split into
+MAX_FUNCTION_LINES = 50  # a function, decorators included, as ruff format lays it out
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:
@@ -107,3 +111,48 @@ def test_item_72_77_no_pickle_loading_or_remote_code():
     } <= names
     hazards = [f"{name}: {h}" for name, source in sources for h in code_hazards(source)]
     assert hazards == []
+
+
+def _packed(node: ast.AST) -> bool:
+    """An assignment of several unrelated values on one line: `a, b = 1, []`."""
+    return (
+        isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Tuple)
+        and isinstance(node.value, ast.Tuple)
+    )
+
+
+def test_the_prep_files_read_like_a_reference():
+    assert len(PREP_FILES) > 1, PREP_FILES  # split by job: the command line, sources, outputs
+    problems = []
+    for path in PREP_FILES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            where = f"{path.name} line {getattr(node, 'lineno', '?')}"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                length = node.end_lineno - first + 1
+                if length > MAX_FUNCTION_LINES:
+                    problems.append(f"{where}: {node.name} is {length} lines")
+            if isinstance(node, ast.NamedExpr):
+                problems.append(f"{where}: a walrus")
+            if _packed(node):
+                problems.append(f"{where}: several values assigned on one line")
+    assert not problems, problems
+
+
+def test_importing_the_prep_files_imports_no_torch():
+    names = [path.stem for path in PREP_FILES]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print('torch' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT / "python_files",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]

@@ -1,0 +1,448 @@
+"""The bad-input and fault catalogue: one table of every item, and the cross-index of which test
+tries which input.
+
+Each entry names the tests that try the item, each as file::test (the tests live in the unit files:
+the .npy header in test_header.py, token files in test_format.py, the dataset in test_dataset.py and
+test_dataset_files.py, the sampler in test_sampler.py and test_resume.py, the loaders in
+test_loaders.py, the prep step in the test_prep_*.py files, injected faults in test_faults.py), or
+says why the item does not apply to this project, or (for future work) which issue it waits for.
+Where the project deliberately does something other than the catalogue suggests, `differs` says
+what, and the tests check the project's own documented behaviour; `limit` names a case the project
+cannot catch and why. tests/test_catalogue.py checks the table and writes it out as
+tests/bad_inputs.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+AREAS = {
+    "file": "file / header",
+    "params": "parameters",
+    "dtype": "dtype / vocabulary",
+    "workers": "workers",
+    "distributed": "distributed",
+    "disk": "interruption / disk",
+    "security": "security",
+    "prep": "prep step",
+}
+
+HEADER = "test_header.py::"
+FORMAT = "test_format.py::"
+DATASET = "test_dataset.py::"
+FILES = "test_dataset_files.py::"
+SAMPLER = "test_sampler.py::"
+RESUME = "test_resume.py::"
+LOADERS = "test_loaders.py::"
+PREP_INPUTS = "test_prep_inputs.py::"
+PREP_FILES = "test_prep_files.py::"
+TOKENIZE = "test_prep_tokenize.py::"
+PREP_OUTPUTS = "test_prep_outputs.py::"
+RERUNS = "test_prep_reruns.py::"
+FAULTS = "test_faults.py::"
+STYLE = "test_style.py::"
+
+
+@dataclass(frozen=True)
+class Item:
+    number: int
+    area: str
+    title: str  # in this project's words, not the catalogue's
+    tests: tuple[str, ...] = ()  # "test_file.py::test_name", the file in tests/
+    not_applicable: str = ""  # why the item does not apply here
+    pending: str = ""  # the issue that will implement it
+    differs: str = ""  # where the project deliberately does something else, and what it does
+    limit: str = ""  # a case the module cannot catch, and why
+
+    def tried_by(self, *tests: str, differs: str = "", limit: str = "") -> Item:
+        """This item, tried by these tests ("test_file.py::test_name"), with its notes."""
+        return dataclasses.replace(self, tests=tests, differs=differs, limit=limit)
+
+    def does_not_apply(self, why: str) -> Item:
+        return dataclasses.replace(self, not_applicable=why)
+
+    def waits_for(self, issue: str) -> Item:
+        return dataclasses.replace(self, pending=issue)
+
+
+CATALOGUE = [
+    # --- file / header (loader side) ---
+    Item(1, "file", "path does not exist").tried_by(FORMAT + "test_item_01_missing_path"),
+    Item(
+        2, "file", "directory, FIFO, device or socket instead of a file (also as the sidecar)"
+    ).tried_by(FORMAT + "test_item_02_not_a_regular_file"),
+    Item(3, "file", "empty file").tried_by(FORMAT + "test_item_03_empty_file"),
+    Item(4, "file", "wrong magic: text, raw .bin or a pickle named .npy").tried_by(
+        HEADER + "test_item_04_bad_magic_never_unpickles"
+    ),
+    Item(5, "file", "unknown .npy format version").tried_by(
+        HEADER + "test_item_05_unknown_version"
+    ),
+    Item(6, "file", "header cut short").tried_by(HEADER + "test_item_06_truncated_header"),
+    Item(7, "file", "huge declared header length").tried_by(
+        HEADER + "test_item_07_oversized_header_refused_before_reading"
+    ),
+    Item(8, "file", "header that is not a plain dict literal").tried_by(
+        HEADER + "test_item_08_header_must_be_a_literal_dict"
+    ),
+    Item(9, "file", "dtype other than uint16").tried_by(
+        HEADER + "test_item_09_descr_other_than_unsigned_16_or_32",
+        HEADER + "test_item_09_project_accepts_both_widths",
+        differs="uint32 files are accepted as well as uint16 (vocabularies above 65,536 ids)",
+    ),
+    Item(10, "file", "big-endian ids").tried_by(HEADER + "test_item_10_big_endian"),
+    Item(11, "file", "object, structured or subarray dtype").tried_by(
+        HEADER + "test_item_11_object_structured_subarray"
+    ),
+    Item(12, "file", "Fortran order").tried_by(HEADER + "test_item_12_fortran_order"),
+    Item(13, "file", "not a 1-D array").tried_by(
+        HEADER + "test_item_13_dimensions",
+        differs="2-D files are accepted: each row is a separate sequence and no window crosses rows",
+    ),
+    Item(14, "file", "declared shape larger than the data").tried_by(
+        HEADER + "test_item_14_declared_shape_larger_than_data"
+    ),
+    Item(15, "file", "bytes after the declared data").tried_by(
+        HEADER + "test_item_15_trailing_bytes"
+    ),
+    Item(16, "file", "negative, zero or overflowing dimensions").tried_by(
+        HEADER + "test_item_16_bad_dimensions"
+    ),
+    Item(17, "file", "raw .bin with an odd byte count").tried_by(
+        FORMAT + "test_item_17_odd_bin_size"
+    ),
+    Item(18, "file", "raw .bin with no sidecar or a disagreeing one").tried_by(
+        FORMAT + "test_item_18_bin_needs_a_dtype_source",
+        differs="a .bin without sidecar opens when the caller passes dtype= (nanoGPT's files); "
+        "the caller is then trusted",
+    ),
+    Item(19, "file", "file truncated, rewritten or replaced after it was opened").tried_by(
+        FAULTS + "test_file_changed_under_a_running_loader_is_a_clear_error",
+        FAULTS + "test_holding_the_array_across_a_truncation_still_dies_of_sigbus",
+        limit="code that keeps ds.memmap() (the array) and reads it after the file shrank in place, or a "
+        "truncation landing between the per-batch check and the copy, still dies of SIGBUS: "
+        "the kernel signals a read past the end of a mapped file, and only reading without mmap "
+        "would avoid it",
+    ),
+    Item(20, "file", "read-only file").tried_by(FORMAT + "test_item_20_read_only_file"),
+    Item(21, "file", "damaged bytes, same size").tried_by(
+        FORMAT + "test_item_21_bit_rot",
+        differs="the default open checks the header, size and sidecar fields but reads no pages; "
+        "verify=True compares the sha256",
+    ),
+    Item(22, "file", "sidecar that disagrees with its file or with itself").tried_by(
+        FORMAT + "test_item_22_inconsistent_sidecar",
+        differs="the tokenizer name is recorded but not checked: the loader has no tokenizer to compare it with",
+    ),
+    Item(23, "file", "unusual but valid paths").tried_by(FORMAT + "test_item_23_unusual_paths"),
+    # --- parameters ---
+    Item(24, "params", "seq_len of the wrong type or value").tried_by(
+        DATASET + "test_item_24_seq_len"
+    ),
+    Item(25, "params", "fewer tokens than one window needs").tried_by(
+        DATASET + "test_item_25_too_few_tokens"
+    ),
+    Item(26, "params", "window count and positions").tried_by(
+        DATASET + "test_windows_cover_every_token_once",
+    ),
+    Item(27, "params", "out-of-range, negative and odd index types").tried_by(
+        DATASET + "test_index_types", DATASET + "test_a_batch_of_bad_indices_names_the_bad_one"
+    ),
+    Item(28, "params", "more than 2**31 tokens").tried_by(
+        DATASET + "test_item_28_offsets_past_2_31_tokens"
+    ),
+    Item(29, "params", "bad prep parameters").tried_by(
+        PREP_INPUTS + "test_item_29_prep_parameters",
+        PREP_INPUTS + "test_bad_parameters_fail_before_any_work",
+        PREP_OUTPUTS + "test_output_folder_checks",
+    ),
+    Item(30, "params", "output already exists").tried_by(
+        RERUNS + "test_item_30_existing_output_is_swapped_not_deleted",
+        differs="no overwrite flag: an output whose sidecar records the same settings is kept, any other "
+        "is rebuilt beside it and renamed over it; nothing else in the folder is touched",
+    ),
+    # --- dtype / vocabulary ---
+    Item(31, "dtype", "ids of 65,536 and above").tried_by(
+        TOKENIZE + "test_item_31_wide_vocabulary_gets_uint32",
+        PREP_OUTPUTS + "test_id_that_does_not_fit_the_dtype_raises_instead_of_wrapping",
+        differs="a vocabulary above 65,536 ids gets uint32 files instead of a refusal; an id that does not "
+        "fit the chosen dtype is still an error, never a wrap",
+    ),
+    Item(32, "dtype", "boundary ids round-trip").tried_by(
+        FORMAT + "test_item_32_boundary_ids_round_trip"
+    ),
+    Item(33, "dtype", "file ids beyond the model's vocabulary").tried_by(
+        FORMAT + "test_item_33_vocab_size",
+        differs="the check uses the sidecar's max_token_id; a file without a sidecar is scanned once "
+        "for its largest id",
+    ),
+    Item(34, "dtype", "special-token text inside a document").tried_by(
+        TOKENIZE + "test_literal_endoftext_in_text_is_ordinary_text"
+    ),
+    Item(35, "dtype", "hostile text").tried_by(
+        TOKENIZE + "test_item_35_hostile_text",
+        PREP_INPUTS + "test_none_cell_names_split_row_and_column",
+        differs="a 1 MB document stands in for 100 MB to keep the suite fast; a lone surrogate is replaced "
+        "by U+FFFD by tiktoken, and a JSON file holding one is refused by the datasets reader "
+        "(its error names the row; the file name appears only in datasets' log)",
+    ),
+    Item(36, "dtype", "missing or non-text column").tried_by(
+        PREP_INPUTS + "test_missing_column_lists_available_columns",
+        PREP_INPUTS + "test_non_text_column_is_refused",
+    ),
+    Item(37, "dtype", "mixing dtypes or tokenizers across shards").tried_by(
+        FILES + "test_item_37_one_dtype_and_one_tokenizer_per_dataset",
+        differs="a file without sidecar has no recorded tokenizer and is not compared; make_dataloaders "
+        "does not compare train with validation (two datasets, each checked on its own)",
+    ),
+    Item(38, "dtype", "vocabulary size from the right attribute").tried_by(
+        TOKENIZE + "test_item_38_vocab_limits_come_from_the_encoding"
+    ),
+    Item(39, "dtype", "what __getitem__ returns").tried_by(
+        DATASET + "test_item_39_windows_are_int64_copies"
+    ),
+    # --- workers ---
+    Item(40, "workers", "same batches for 0, 1, 2 workers, fork and spawn").tried_by(
+        LOADERS + "test_worker_count_and_start_method_do_not_change_batches"
+    ),
+    Item(41, "workers", "small pickle for spawn").tried_by(
+        FILES + "test_pickles_small_without_the_data"
+    ),
+    Item(42, "workers", "persistent workers over several epochs").tried_by(
+        LOADERS + "test_worker_count_and_start_method_do_not_change_batches"
+    ),
+    Item(43, "workers", "worker killed").tried_by(
+        FAULTS + "test_a_killed_worker_is_reported_and_nothing_is_left"
+    ),
+    Item(44, "workers", "exception inside a worker").tried_by(
+        FAULTS + "test_a_worker_error_names_the_worker_the_index_and_the_file"
+    ),
+    Item(45, "workers", "stalled storage").tried_by(
+        FAULTS + "test_a_stalled_read_hits_the_dataloader_timeout",
+        differs="make_dataloaders keeps PyTorch's default of no timeout (local files); pass timeout= "
+        "to your own DataLoader for network storage",
+    ),
+    Item(46, "workers", "pinned memory").tried_by(
+        LOADERS + "test_pinned_batches_reach_the_gpu",
+        LOADERS + "test_item_46_no_pinning_and_no_warning_without_a_gpu",
+        differs="the GPU half runs only where CUDA is available; without it make_dataloaders does not pin",
+    ),
+    Item(47, "workers", "open files and mappings").tried_by(
+        FILES + "test_item_47_no_file_opened_per_window",
+        FILES + "test_item_47_many_shards_under_a_low_open_file_limit",
+    ),
+    Item(48, "workers", "early break and deleted loaders").tried_by(
+        FAULTS + "test_breaking_early_and_deleting_the_loader_stop_the_workers"
+    ),
+    Item(49, "workers", "memory over long epochs").tried_by(
+        FILES + "test_item_49_private_memory_stays_flat"
+    ),
+    Item(50, "workers", "randomness only from (seed, epoch, index)").tried_by(
+        SAMPLER + "test_item_50_no_global_random_state"
+    ),
+    # --- distributed ---
+    Item(51, "distributed", "rank partitions").tried_by(
+        SAMPLER + "test_ranks_split_each_epoch_disjoint_and_complete",
+        LOADERS + "test_distributed_sampler_indices_are_windows_of_epoch_zero",
+        LOADERS + "test_torchrun_ranks_cover_the_epoch_disjointly",
+    ),
+    Item(52, "distributed", "set_epoch forgotten").tried_by(
+        SAMPLER + "test_item_52_every_iteration_is_the_next_epoch",
+        SAMPLER + "test_iterators_made_and_dropped_do_not_skip_epochs",
+        differs="nothing to forget and so no warning: a pass over EpochSampler that runs to its end "
+        "moves to the next epoch by itself (set_epoch only chooses one), and a pass left early "
+        "starts the same epoch again; torch's DistributedSampler still needs set_epoch, as its "
+        "documentation says",
+    ),
+    Item(53, "distributed", "ranks with different seeds or files").tried_by(
+        LOADERS + "test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field"
+    ),
+    Item(54, "distributed", "a rank reads a file still being written").tried_by(
+        LOADERS + "test_item_54_a_file_being_written_is_never_read",
+        differs="no rank waits for another's prep (run prep before launching): the file in progress has a "
+        "hidden temporary name, so an early rank finds no file, or the previous complete one, which "
+        "the ranks' agreement check and the per-read file check refuse",
+    ),
+    Item(55, "distributed", "fewer windows than ranks, unequal batches").tried_by(
+        SAMPLER + "test_item_55_fewer_windows_than_ranks_and_equal_steps",
+        SAMPLER + "test_ranks_split_each_epoch_disjoint_and_complete",
+        differs="equal steps per rank follow from the split (every rank takes the same number of items) and "
+        "from the agreement check on files and settings, so len(dataloader) is not all-gathered",
+    ),
+    Item(56, "distributed", "invalid rank or world size").tried_by(
+        SAMPLER + "test_item_56_invalid_rank_or_world_size"
+    ),
+    Item(57, "distributed", "resume with changed settings").tried_by(
+        RESUME + "test_resume_refuses_a_state_from_other_windows",
+        RESUME + "test_resume_with_another_batch_or_world_size_continues_at_the_same_position",
+        RESUME + "test_resume_in_a_fresh_process_continues_exactly",
+    ),
+    Item(58, "distributed", "resume state round trip").tried_by(
+        RESUME + "test_resume_in_a_fresh_process_continues_exactly",
+        RESUME + "test_make_dataloaders_resume_across_the_epoch_end",
+        RESUME + "test_any_stop_point_is_a_global_position_the_next_run_starts_from",
+        differs="a state saved after an epoch's last batch already points at the next epoch, so the resumed "
+        "loop's first iteration is that whole epoch (torchdata's first iteration would be empty)",
+    ),
+    # --- interruption / disk (prep side) ---
+    Item(59, "disk", "SIGKILL during prep").tried_by(
+        FAULTS + "test_sigkill_at_each_stage_of_prep_leaves_nothing_half_done"
+    ),
+    Item(60, "disk", "Ctrl-C or an exception mid-write").tried_by(
+        FAULTS + "test_ctrl_c_at_chunk_k_removes_the_temp_and_keeps_the_old_output",
+        RERUNS + "test_interrupted_write_leaves_nothing_and_keeps_earlier_output",
+    ),
+    Item(61, "disk", "crash between the data rename and the sidecar").tried_by(
+        FAULTS + "test_sigkill_at_each_stage_of_prep_leaves_nothing_half_done",
+        RERUNS + "test_crash_between_data_and_sidecar_leaves_no_sidecar",
+        differs="the loader opens a .npy without sidecar (any np.save file is valid input, its header "
+        "describes it); prep treats it as unfinished and rebuilds it, and verify=True refuses it",
+    ),
+    Item(62, "disk", "power loss: fsync, rename, fsync the folder").tried_by(
+        FAULTS + "test_fsync_rename_fsync_order_with_temp_files_beside_the_target"
+    ),
+    Item(63, "disk", "disk full while writing").tried_by(
+        FAULTS + "test_file_size_limit_fails_clearly_and_keeps_the_old_output",
+        differs="tried with RLIMIT_FSIZE (EFBIG) only: a full tmpfs (ENOSPC) needs mount rights",
+    ),
+    Item(64, "disk", "no preallocated or sparse output").tried_by(
+        PREP_OUTPUTS + "test_item_64_prep_streams_and_never_preallocates",
+        FAULTS + "test_file_size_limit_fails_clearly_and_keeps_the_old_output",
+    ),
+    Item(65, "disk", "free-space check before writing").does_not_apply(
+        "declined by design: the token count is known only after tokenizing, and a full "
+        "disk fails cleanly with the old output intact (item 63)"
+    ),
+    Item(66, "disk", "leftovers of an older run").tried_by(
+        FAULTS + "test_sigkill_at_each_stage_of_prep_leaves_nothing_half_done",
+        FAULTS + "test_a_zero_filled_file_without_sidecar_is_rebuilt",
+        RERUNS + "test_stale_temp_files_of_dead_runs_are_removed",
+    ),
+    Item(67, "disk", "two prep runs on one output").tried_by(
+        FAULTS + "test_two_runs_on_one_output_leave_one_valid_output",
+        FAULTS + "test_a_sidecar_deleted_by_another_run_in_between_is_not_an_error",
+        limit="two runs with different settings can leave one run's token file with the other's sidecar; "
+        "open_tokens refuses the pair when the size differs, verify=True always",
+    ),
+    Item(68, "disk", "rerun after success").tried_by(
+        RERUNS + "test_rerun_skips_and_changed_settings_rebuild"
+    ),
+    Item(69, "disk", "a tokenizer worker dies").tried_by(
+        FAULTS + "test_a_failing_tokenizer_thread_stops_prep_with_its_error",
+        differs="tokenizing runs on threads, not datasets.map processes: a failure is re-raised by the writer",
+    ),
+    Item(70, "disk", "temp file on another filesystem").tried_by(
+        FAULTS + "test_fsync_rename_fsync_order_with_temp_files_beside_the_target"
+    ),
+    Item(71, "disk", "output folder not writable").tried_by(
+        PREP_OUTPUTS + "test_item_71_unwritable_output_folder"
+    ),
+    # --- security ---
+    Item(72, "security", "no pickle anywhere").tried_by(
+        STYLE + "test_item_72_77_no_pickle_loading_or_remote_code"
+    ),
+    Item(73, "security", "malicious object .npy or pickle disguised as .npy").tried_by(
+        HEADER + "test_item_04_bad_magic_never_unpickles",
+        HEADER + "test_item_11_object_structured_subarray",
+    ),
+    Item(74, "security", "header parser under attack").tried_by(
+        HEADER + "test_item_74_header_parser_fuzz",
+        HEADER + "test_item_74_fuzz_reaches_acceptance_and_many_refusals",
+        HEADER + "test_item_07_oversized_header_refused_before_reading",
+    ),
+    Item(75, "security", "path traversal through names").tried_by(
+        PREP_OUTPUTS + "test_item_75_names_cannot_leave_the_output_folder"
+    ),
+    Item(76, "security", "symlinks planted at output or temp paths").tried_by(
+        PREP_OUTPUTS + "test_item_76_planted_symlinks",
+        differs="a symlinked output folder is followed: --out is the user's own choice",
+    ),
+    Item(77, "security", "remote code from the Hub").tried_by(
+        STYLE + "test_item_72_77_no_pickle_loading_or_remote_code",
+        differs="Hub inputs record datasets' fingerprint in the sidecar, not a pinned revision",
+    ),
+    Item(78, "security", "resume state validated").tried_by(
+        RESUME + "test_item_78_resume_state_is_validated"
+    ),
+    Item(79, "security", "tampered tiktoken cache").tried_by(
+        TOKENIZE + "test_item_79_tampered_tokenizer_file_is_refused"
+    ),
+    Item(80, "security", "file modes").tried_by(
+        PREP_OUTPUTS + "test_item_80_output_modes_follow_the_umask",
+        differs="the project creates no cache folder of its own, so only the output modes apply",
+    ),
+    # issue 19/20: the prep step
+    Item(81, "prep", "an input folder's files in two formats, a subfolder or no split").tried_by(
+        PREP_FILES + "test_item_81_every_data_file_of_a_folder_is_read_or_named_in_a_refusal"
+    ),
+    Item(82, "prep", "brackets in the output folder's name").tried_by(
+        PREP_OUTPUTS + "test_item_82_a_shard_glob_matches_only_its_own_folder"
+    ),
+    Item(83, "prep", "an output damaged at the same size, rerun without --force").tried_by(
+        RERUNS + "test_item_83_damage_of_the_same_size_is_rebuilt_without_force",
+        limit="damage past a file's first and last 64 KiB is found by verify=True, not a rerun",
+    ),
+    Item(84, "prep", "a second run on shared storage, in another PID namespace").tried_by(
+        RERUNS + "test_item_84_a_live_run_that_this_run_cannot_see_keeps_its_temp_files",
+        limit="without flock (Windows, some network filesystems) runs neither wait nor clean up",
+    ),
+    Item(85, "prep", "a byte order mark, empty and whitespace-only documents").tried_by(
+        PREP_FILES + "test_item_85_txt_bom_and_empty_documents_are_skipped_and_counted",
+        differs="an empty document is skipped and counted (source.n_empty_docs_skipped), not "
+        "written as a lone end-of-text token as nanoGPT's prepare.py writes it",
+    ),
+    Item(86, "prep", "train alone from an input whose validation is carved").tried_by(
+        PREP_INPUTS + "test_item_86_train_alone_from_a_carved_input_says_what_it_leaves_out"
+    ),
+    Item(
+        87, "prep", "errors that named nothing: .json, .csv, sidecars, offline, read-only"
+    ).tried_by(
+        PREP_FILES + "test_item_87_a_json_file_with_an_int_among_strings_names_the_file_and_row",
+        PREP_FILES + "test_item_87_a_csv_column_of_digits_is_text_and_errors_name_file_and_line",
+        PREP_FILES + "test_item_87_the_prep_steps_own_outputs_in_an_input_folder_are_skipped",
+        TOKENIZE
+        + "test_item_87_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it",
+        PREP_OUTPUTS + "test_item_87_an_up_to_date_rerun_into_a_read_only_folder_writes_nothing",
+    ),
+    Item(88, "prep", "shard sizes that divide the token count; a sharded split's totals").tried_by(
+        RERUNS + "test_item_88_shard_tokens_that_divide_the_count_or_are_one",
+        RERUNS + "test_item_88_a_sharded_splits_totals_come_from_every_shard",
+    ),
+    # --- issue 19/20: the loader ---
+    Item(89, "workers", "DataLoader workers under a low open-file limit (a hang)").tried_by(
+        FILES + "test_workers_under_a_low_open_file_limit_are_refused_at_once_naming_it"
+    ),
+    Item(90, "file", "llm.c shard whose unused header words are not zero").tried_by(
+        FORMAT + "test_an_llmc_header_with_other_words_set_is_read_by_its_magic_and_version"
+    ),
+    Item(91, "distributed", "ranks with same-size files of other ids and no sidecars").tried_by(
+        LOADERS + "test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field"
+    ),
+    Item(92, "params", "integers past int64, and a bool as a file number").tried_by(
+        DATASET + "test_huge_numbers_and_a_bool_file_number_are_refused_by_name"
+    ),
+    Item(93, "file", "sidecar with a null field, or a sidecar that is a link loop").tried_by(
+        FORMAT + "test_a_sidecar_field_of_null_and_a_sidecar_link_loop_are_named"
+    ),
+    Item(94, "file", "same-size change in the last KiB of a large file").tried_by(
+        FORMAT + "test_a_change_in_the_last_kib_of_a_large_file_is_refused_on_open"
+    ),
+    Item(95, "workers", "a hot file among more files than the map cap").tried_by(
+        FILES + "test_a_hot_file_stays_mapped_while_cold_ones_take_turns"
+    ),
+    Item(
+        96, "distributed", "a state saved mid-epoch: padded ranks, or right after set_epoch"
+    ).tried_by(
+        RESUME + "test_a_padded_sampler_resumed_mid_epoch_repeats_the_windows_a_whole_pass_would",
+        RESUME + "test_a_state_saved_between_set_epoch_and_the_first_batch_counts_nothing_stale",
+    ),
+    Item(97, "params", "random windows of consecutive epochs").tried_by(
+        DATASET + "test_random_windows_of_one_epoch_are_not_the_next_epochs_shifted_by_one"
+    ),
+    Item(98, "workers", "a peek at one batch before the training loop").tried_by(
+        LOADERS + "test_a_peek_uses_up_no_epoch",
+        differs="a pass left early does not count as an epoch: the loop after a peek starts "
+        "epoch 0 from its first batch, as DataLoader with DistributedSampler does",
+    ),
+]

@@ -1,0 +1,149 @@
+"""Which files of a local input prepare_tokens.py reads, and how each format reads: every data file
+of a folder or a one-line refusal naming the files left out; .txt (a BOM, empty documents), .json
+(lines or one list), .csv and the prep step's own outputs inside an input folder.
+
+Tiny local fixtures, no network. Catalogue items 81, 85 and 87 (tests/bad_inputs.md).
+"""
+
+import json
+import re
+
+import datasets
+import numpy as np
+import pytest
+
+import prepare_tokens as pt
+from conftest import EOT, MANY, decoded, make_dataset, prepare, write_jsonl
+from npy_datasets import read_sidecar
+
+# datasets' Arrow copies of the fixtures go to a temporary folder (conftest.datasets_cache)
+pytestmark = pytest.mark.usefixtures("datasets_cache")
+
+
+def cli_error(tmp_path, dataset, *extra: str) -> str:
+    """The one line the command line prints for an input it refuses (exit status 1)."""
+    out = tmp_path / "refused"
+    with pytest.raises(SystemExit) as exc:
+        pt.main(["--dataset", str(dataset), "--out", str(out), *extra])
+    message = exc.value.code
+    assert isinstance(message, str) and "\n" not in message, message
+    assert message.startswith("prepare_tokens.py: error: "), message
+    assert not (out / "train.npy").exists()
+    return message
+
+
+# --- which files of a folder --------------------------------------------------------------------
+
+
+def test_item_81_every_data_file_of_a_folder_is_read_or_named_in_a_refusal(tmp_path, enc):
+    folder = tmp_path / "in"
+    write_jsonl(folder / "train.jsonl", [{"text": f"json story {i}"} for i in range(100)])
+    (folder / "train.txt").write_text("".join(f"text story {i}\n" for i in range(50)))
+    message = cli_error(tmp_path, folder)  # two formats: datasets would read the .jsonl alone
+    assert "train.jsonl" in message and "train.txt" in message and "one format" in message
+    (folder / "train.txt").unlink()
+
+    write_jsonl(folder / "sub" / "train.jsonl", [{"text": "an old copy"}])
+    message = cli_error(tmp_path, folder)  # datasets would add the subfolder's file to train
+    assert "sub/train.jsonl" in message and "subfolder" in message
+    (folder / "sub" / "train.jsonl").unlink()
+
+    write_jsonl(folder / "notes.jsonl", [{"text": "not a story"}])
+    message = cli_error(tmp_path, folder)  # named after no split: datasets would skip it
+    assert "notes.jsonl" in message and "no split" in message
+    (folder / "notes.jsonl").unlink()
+
+    (folder / ".hidden.jsonl").write_text('{"text": "skipped, as datasets skips it"}\n')
+    results = prepare(folder, tmp_path / "out")
+    stories = decoded(tmp_path / "out" / "train.npy", enc)
+    stories += decoded(tmp_path / "out" / "validation.npy", enc)
+    assert sorted(stories) == sorted(f"json story {i}" for i in range(100))
+    train_sha = results["train"].meta["source"]["input_fingerprint"]
+    assert (
+        train_sha
+        == pt.load_text_splits(folder / "train.jsonl")["train"].source["input_fingerprint"]
+    )  # the hash covers the one file read
+
+
+def test_item_87_the_prep_steps_own_outputs_in_an_input_folder_are_skipped(tmp_path, enc):
+    folder = make_dataset(tmp_path / "in", MANY[:20])  # train.jsonl, nothing else
+    prepare(folder / "train.jsonl", folder)  # the outputs land beside the input file
+    assert (folder / "train.npy.json").is_file() and (folder / "validation.npy.json").is_file()
+    results = prepare(folder, tmp_path / "out")  # datasets would read the sidecars as data
+    assert set(results) == {"train", "validation"}
+    stories = decoded(tmp_path / "out" / "train.npy", enc)
+    stories += decoded(tmp_path / "out" / "validation.npy", enc)
+    assert sorted(stories) == sorted(MANY[:20])
+
+
+def test_a_folder_without_data_files_is_refused(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "README.md").write_text("no data here")
+    message = cli_error(tmp_path, tmp_path / "in")
+    assert "holds no data files" in message and str(tmp_path / "in") in message
+
+
+# --- how each format reads ----------------------------------------------------------------------
+
+
+def test_item_87_a_json_file_with_an_int_among_strings_names_the_file_and_row(tmp_path, enc):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rows = [{"story": "a"}, {"story": 1}, {"story": "c"}]
+    (folder / "train.json").write_text(
+        json.dumps(rows)
+    )  # one JSON list, as TinyStories' data00.json
+    message = cli_error(tmp_path, folder, "--column", "story")
+    expected = f"cannot read {folder / 'train.json'} row 2: column 'story' is 1, not text"
+    assert expected in message
+    rows[1] = {"story": "b"}
+    (folder / "train.json").write_text(json.dumps(rows, indent=2))
+    (folder / "validation.json").write_text("".join(json.dumps(r) + "\n" for r in rows))  # lines
+    prepare(folder, tmp_path / "out", column="story")
+    assert decoded(tmp_path / "out" / "train.npy", enc) == ["a", "b", "c"]
+    assert decoded(tmp_path / "out" / "validation.npy", enc) == ["a", "b", "c"]
+
+
+def test_item_87_a_csv_column_of_digits_is_text_and_errors_name_file_and_line(tmp_path, enc):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    texts = [f"story number {i}" for i in range(20)] + [str(i) for i in range(30_000)]
+    lines = ["id,text", *(f"{i},{t}" for i, t in enumerate(texts))]
+    (folder / "train.csv").write_text("\n".join(lines) + "\n")  # datasets: "Schema ... different"
+    (folder / "validation.csv").write_text('id,text\n1,"a story, with a comma\nand a line"\n')
+    prepare(folder, tmp_path / "out", splits=["validation"])
+    assert decoded(tmp_path / "out" / "validation.npy", enc) == [
+        "a story, with a comma\nand a line"
+    ]
+    tokens = np.load(prepare(folder, tmp_path / "out")["train"].path)
+    assert np.count_nonzero(tokens == EOT) == len(texts)
+    assert decoded(tmp_path / "out" / "train.npy", enc)[-3:] == ["29997", "29998", "29999"]
+    (folder / "validation.csv").write_text("id,body\n1,x\n")
+    message = cli_error(tmp_path, folder)
+    expected = f"cannot read {folder / 'validation.csv'} line 1: column 'text' not found"
+    assert expected in message and "available: ['id', 'body']" in message
+
+
+def test_item_85_txt_bom_and_empty_documents_are_skipped_and_counted(tmp_path, enc, capsys):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    separated = ["First story.", "", "  \n ", "Second story,\n\nin two paragraphs."]
+    body = "".join(f"{story}\n<|endoftext|>\n" for story in separated)
+    (folder / "train.txt").write_bytes(b"\xef\xbb\xbf" + body.encode())  # a BOM, as Notepad saves
+    (folder / "validation.txt").write_bytes(b"\xef\xbb\xbfone\n\ntwo\n   \nthree\n")  # a line each
+    assert pt.main(["--dataset", str(folder), "--out", str(tmp_path / "out")]) == 0
+    assert decoded(tmp_path / "out" / "train.npy", enc) == [separated[0], separated[3]]
+    assert decoded(tmp_path / "out" / "validation.npy", enc) == ["one", "two", "three"]
+    lines = capsys.readouterr().out.splitlines()
+    assert re.match(r"train: 2 docs \(2 empty skipped\), \d+ tokens", lines[0]), lines
+    assert re.match(r"validation: 3 docs \(2 empty skipped\), \d+ tokens", lines[1]), lines
+    for split, skipped in (("train", 2), ("validation", 2)):
+        meta = read_sidecar(tmp_path / "out" / f"{split}.npy")
+        assert meta["source"]["n_empty_docs_skipped"] == skipped
+    in_memory = datasets.Dataset.from_dict(
+        {"text": ["a", "", "b", " \t"]}
+    )  # any input, not only .txt
+    split = pt.TextSplit("train", in_memory, "text", {"dataset": "inline", "split": "train"})
+    result = pt.prepare_split(split, tmp_path / "mem", enc, num_threads=1, progress=False)
+    assert result.meta["n_docs"] == 2 and result.meta["source"]["n_empty_docs_skipped"] == 2
+    assert result.summary().startswith("train: 2 docs (2 empty skipped), ")
