@@ -36,7 +36,7 @@ from test_notebooks import NOTEBOOKS, _code_cells
 NOTEBOOK_TIMEOUT = (
     300  # seconds for a notebook's own cells and all its answers (about 10 on 2 cores)
 )
-TIMEOUTS: dict[str, int] = {}  # a notebook that needs longer: its key -> seconds
+TIMEOUTS = {"train_a_small_model": 600}  # a notebook that needs longer: its key -> seconds
 PENDING = {  # notebooks whose exercises have no answers here yet; remove one when adding its answers
     "tokenize_tinystories",
     "write_token_files",
@@ -150,6 +150,68 @@ print(refusal(lambda: nd.check_arguments(rules, warmup_steps=2.5)))
 """,
         r"^ValueError: warmup_steps must be at most 10000, got 20000\n"
         r"TypeError: warmup_steps must be an int, got float 2.5$",
+    ),
+    # Notebook 06's functions read its constants (STEPS, SAVE_AT) from the notebook's own namespace,
+    # run.__globals__: an answer that sets one there does what a learner's edited cell does, and puts
+    # it back, as it puts back the checkpoint file it overwrites.
+    ("train_a_small_model", 1): Answer(
+        """
+backup = CHECKPOINT.read_bytes()
+run.__globals__["SAVE_AT"] = 60
+first = run(*make_model(), make_loaders()[0], save_at=60)
+model, opt, loader, done = rebuild()
+again = run(model, opt, loader, done=done)
+run.__globals__["SAVE_AT"] = SAVE_AT
+CHECKPOINT.write_bytes(backup)
+same = again["loss"] == first["loss"][done:]
+print(f"saved at step {done}; steps {done + 1}-{STEPS} repeat the uninterrupted: {same}")
+""",
+        r"^saved at step 60; steps 61-300 repeat the uninterrupted: True$",
+    ),
+    ("train_a_small_model", 2): Answer(
+        """
+model, opt, loader, done = rebuild()
+opt = torch.optim.AdamW(model.parameters(), lr=LR)  # a fresh optimizer, the right batches
+other = run(model, opt, loader, done=done)
+def gap(losses):
+    return sum(abs(a - b) for a, b in zip(losses, reference)) / len(reference)
+assert other["loss"] != reference
+print(f"a fresh optimizer parts from the run: True; by less than a fresh loader: {gap(other['loss']) < gap(fresh['loss'])}")
+""",
+        r"^a fresh optimizer parts from the run: True; by less than a fresh loader: True$",
+    ),
+    ("train_a_small_model", 3): Answer(
+        """
+def make_worker_loaders():
+    train = nd.NpyTokensDataset(TOKENS / "train.npy", SEQ_LEN, vocab_size=N_VOCAB)
+    val = nd.NpyTokensDataset(TOKENS / "validation.npy", SEQ_LEN, vocab_size=N_VOCAB)
+    return nd.make_dataloaders(train, val, batch_size=BATCH, seed=0, num_workers=2)
+saved = torch.load(CHECKPOINT, weights_only=True)
+model, opt = make_model()
+model.load_state_dict(saved["model"])
+opt.load_state_dict(saved["optimizer"])
+loader, _ = make_worker_loaders()
+loader.timeout = 60  # a worker that hangs fails the answer
+loader.sampler.load_state_dict(saved["sampler"])
+with_workers = run(model, opt, loader, done=saved["step"])
+print(f"with 2 workers, the resumed losses repeat the uninterrupted: {with_workers['loss'] == reference}")
+""",
+        r"^with 2 workers, the resumed losses repeat the uninterrupted: True$",
+    ),
+    ("train_a_small_model", 4): Answer(
+        """
+backup = CHECKPOINT.read_bytes()
+run.__globals__.update(STEPS=600, SAVE_AT=570)
+model, opt = make_model()
+longer = run(model, opt, make_loaders()[0], validate=True, save_at=570)
+model, opt, loader, done = rebuild()
+again = run(model, opt, loader, done=done)
+run.__globals__.update(STEPS=STEPS, SAVE_AT=SAVE_AT)
+CHECKPOINT.write_bytes(backup)
+lower = longer["val"][-1][1] < val_losses[-1]
+print(f"600 steps: validation loss below the 300 steps' one: {lower}; the resume repeats the run: {again['loss'] == longer['loss'][570:]}")
+""",
+        r"^600 steps: validation loss below the 300 steps' one: True; the resume repeats the run: True$",
     ),
 }
 
