@@ -322,8 +322,10 @@ CATALOGUE = [
     Item(67, "disk", "two prep runs on one output").tried_by(
         FAULTS + "test_two_runs_on_one_output_leave_one_valid_output",
         FAULTS + "test_a_sidecar_deleted_by_another_run_in_between_is_not_an_error",
-        limit="two runs with different settings can leave one run's token file with the other's sidecar; "
-        "open_tokens refuses the pair when the size differs, verify=True always",
+        limit="runs take turns through a lock on the output folder; where the filesystem has no "
+        "flock (Windows, some network filesystems), two runs with different settings can leave one "
+        "run's token file with the other's sidecar, which open_tokens refuses when the size or the "
+        "probe differs, and verify=True always",
     ),
     Item(68, "disk", "rerun after success").tried_by(
         RERUNS + "test_rerun_skips_and_changed_settings_rebuild"
