@@ -82,8 +82,8 @@ LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}  # GPT-2 id
 LLMC_OTHER_FILES = {20240326: "model", 20240327: "state", 20240328: "tokenizer", 20240522: "eval"}
 PROBE_BYTES = 1 << 16  # probe_sha256 hashes a file's first and last 64 KiB: cheap on every open
 MAX_OPEN_FILES = 1024  # files one process keeps mapped at most (each map holds a descriptor)
-# Free file descriptors that DataLoader workers need: 16, and 4 a batch in flight (measured: 2,
-# one for each tensor handed over; doubled for safety). make_dataloaders checks the limit.
+# make_dataloaders wants 16 free file descriptors for its workers, and 4 for each batch in flight:
+# a worker hands a batch over through a descriptor a tensor (2 measured), doubled for safety.
 LOADER_DESCRIPTORS = 16
 BATCH_DESCRIPTORS = 4
 
@@ -143,8 +143,9 @@ def _probe(f: BinaryIO, head: bytes, size: int) -> str:
 
 
 def read_npy_header(path: str | os.PathLike) -> FileLayout:
-    """A .npy file's dtype, shape and data offset, its header parsed as a literal: never by
-    numpy's loader, which can unpickle. Sizes are checked first; the data must fill the file."""
+    """A .npy file's dtype, shape and data offset. The header is parsed here, as a literal: its
+    sizes are checked before anything is parsed, the data must fill the file exactly, and every
+    refusal names the file."""
     size = _check_token_file(path).st_size
     with open(path, "rb") as f:
         return _check_npy_header(path, f.read(12 + MAX_NPY_HEADER), size)  # magic to header
@@ -201,7 +202,7 @@ def _file_layout(path: str, head: bytes, size: int, dtype: Any, meta: dict) -> F
     sidecar that says "bin" is final: raw ids that happen to spell a magic stay raw ids."""
     magic = int.from_bytes(head[:4], "little")
     raw = meta.get("layout") == "bin"
-    if head.startswith(NPY_MAGIC) or (path.endswith(".npy") and not raw):
+    if not raw and (head.startswith(NPY_MAGIC) or path.endswith(".npy")):
         found = _check_npy_header(path, head, size)
     elif not raw and (magic in LLMC_VERSIONS or magic in LLMC_OTHER_FILES):
         found = _check_llmc_header(path, head, size)
@@ -260,7 +261,9 @@ def fsync_folder(folder: str | os.PathLike) -> None:
             os.close(fd)
 
 
-def sidecar_for(path: str | os.PathLike, *, layout: str, dtype: Any, **fields: Any) -> dict:
+def sidecar_for(
+    path: str | os.PathLike, *, layout: str, dtype: Any, eot_placement: str = "prepend", **fields
+) -> dict[str, Any]:
     """The sidecar of a token file just written: its layout ("npy", "bin" or "llmc") and dtype,
     checked against the file; its size, sha256 and probe; and what only the writer knows:
     tokenizer ("tiktoken:gpt2"), n_vocab, eot_id, max_token_id, eot_placement, and more."""
@@ -272,22 +275,28 @@ def sidecar_for(path: str | os.PathLike, *, layout: str, dtype: Any, **fields: A
         probe = _probe(f, head, size)
         f.seek(0)
         sha256 = hashlib.file_digest(f, "sha256").hexdigest()
-    meta = {
+    own = _sidecar(path.name, found._replace(layout=layout), size, sha256, probe)
+    _check_writer_fields(own, fields)
+    meta = {**own, "eot_placement": eot_placement, **fields}
+    _check_sidecar(sidecar_path(path), meta)  # what a reader would refuse, the writer refuses
+    _check_sidecar_matches(str(path), meta, found, size, probe)
+    return meta
+
+
+def _sidecar(name: str, layout: FileLayout, size: int, sha256: str, probe: str) -> dict[str, Any]:
+    """The fields of every sidecar that come from its file, spelled once."""
+    return {
         "format": "npy-tokens",
         "format_version": FORMAT_VERSION,
-        "file": path.name,
-        "layout": found.layout,
-        "dtype": found.dtype.name,
-        "shape": list(found.shape),
-        "n_tokens": int(np.prod(found.shape)),
+        "file": name,
+        "layout": layout.layout,
+        "dtype": layout.dtype.name,
+        "shape": list(layout.shape),
+        "n_tokens": int(np.prod(layout.shape)),
         "file_size": size,
         "sha256": sha256,
         "probe_sha256": probe,
-        "eot_placement": "prepend",
-        **fields,
     }
-    _check_sidecar(sidecar_path(path), meta)  # what a reader would refuse, the writer refuses
-    return meta
 
 
 def write_sidecar(token_path: str | os.PathLike, meta: dict[str, Any]) -> Path:
@@ -304,20 +313,21 @@ def write_tokens(path: str | os.PathLike, ids: Any, *, n_vocab: int, dtype: Any 
 
     ids: integers, 1-D (or 2-D, a sequence a row), stored as dtype: by default the smallest that
     holds n_vocab ids (uint16 for GPT-2). An id that does not fit is refused, never wrapped.
-    fields: the sidecar's tokenizer and eot_id (both needed), eot_placement, n_docs, ...
+    fields: the sidecar's tokenizer and eot_id (both needed), eot_placement, n_docs, ... A sidecar
+    that a reader would refuse (an id past n_vocab, say) is refused before anything is written.
     """
     dtype = token_dtype(n_vocab) if dtype is None else check_token_dtype(dtype, "dtype argument")
     tokens = _check_ids(np.asarray(ids), dtype)
-    layout = "bin" if Path(path).suffix == ".bin" else "npy"
+    layout = FileLayout("bin" if Path(path).suffix == ".bin" else "npy", dtype, tokens.shape, 0)
+    fields = {**fields, "n_vocab": n_vocab, "max_token_id": int(tokens.max())}
+    draft = {**_sidecar(Path(path).name, layout, 0, "", ""), "eot_placement": "prepend", **fields}
+    _check_sidecar(sidecar_path(path), draft)
     with atomic_write(path, stale=sidecar_path(path)) as f:
-        if layout == "npy":
+        if layout.layout == "npy":
             np.lib.format.write_array(f, tokens, allow_pickle=False)
         else:
             f.write(tokens.tobytes())
-    top = int(tokens.max())
-    meta = sidecar_for(
-        path, layout=layout, dtype=dtype, n_vocab=n_vocab, max_token_id=top, **fields
-    )
+    meta = sidecar_for(path, layout=layout.layout, dtype=dtype, **fields)
     write_sidecar(path, meta)
     return meta
 
@@ -763,12 +773,12 @@ def make_dataloaders(
     options = {"batch_size": None, "collate_fn": tuple, "num_workers": num_workers}
     if num_workers:  # DataLoader refuses these two without workers
         options.update(persistent_workers=True, prefetch_factor=prefetch_factor)
-    ranks = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
-    sampler = EpochSampler(train, shuffle=True, drop_last=True, remainder="drop", **ranks)
+    common = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
+    sampler = EpochSampler(train, shuffle=True, drop_last=True, remainder="drop", **common)
     train_loader = DataLoader(train, sampler=sampler, pin_memory=pin, **options)
     if val is None:
         return train_loader, None
-    sampler = EpochSampler(val, shuffle=False, remainder="pad", **ranks)
+    sampler = EpochSampler(val, shuffle=False, remainder="pad", **common)
     return train_loader, DataLoader(val, sampler=sampler, pin_memory=pin, **options)
 
 
@@ -835,6 +845,8 @@ def check_arguments(rules: dict[str, Any] = ARGUMENT_RULES, /, **values: Any) ->
     value, a ValueError for one out of range or not among the choices. A numpy int is an int, a
     bool never is. Pass an optional argument only when it is set."""
     for name, value in values.items():
+        if name not in rules:
+            raise TypeError(f"no rule for the argument {name!r}: add one to the rules table")
         rule = rules[name]
         if isinstance(rule, range):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -865,7 +877,7 @@ def check_token_dtype(dtype: Any, where: str) -> np.dtype:
         ) from None
     if found.kind != "u" or found.itemsize not in (2, 4) or found.byteorder == ">":
         valid = "expected little-endian ('uint16', 'uint32')"
-        hint = "arr.astype(np.uint16) converts ids below 65,536"
+        hint = "write_tokens stores ids as uint16 or uint32, refusing any that do not fit"
         raise TokenFileError(f"{where}: dtype {found.str!r} is not supported; {valid} ({hint})")
     return found.newbyteorder("<")
 
@@ -889,10 +901,9 @@ def _check_token_file(path: str | os.PathLike) -> os.stat_result:
 
 def _check_npy_header(path: str | os.PathLike, head: bytes, size: int) -> FileLayout:
     """A .npy header, from the file's first bytes: magic, version, length, then the literal."""
-    if not head.startswith(NPY_MAGIC):
-        raise _bad(
-            path, f"is not a .npy file: {head[:6]!r}, expected {NPY_MAGIC!r} (raw ids: .bin)"
-        )
+    if not NPY_MAGIC.startswith(head[:6]):  # a shorter head may be a cut .npy: said below
+        expected = f"expected {NPY_MAGIC!r} (raw ids: .bin)"
+        raise _bad(path, f"is not a .npy file: {head[:6]!r}, {expected}")
     if len(head) < 8:
         raise _bad(path, f"has a truncated .npy preamble ({size} bytes)")
     if (head[6], head[7]) not in ((1, 0), (2, 0), (3, 0)):
@@ -1036,10 +1047,11 @@ def _check_sidecar(side: Path, meta: Any) -> None:
             found = f"should be {kind.__name__}, found {meta.get(key)!r}"
             raise _bad(side, f"is not a valid sidecar: field {key!r} {found}")
     version = meta["format_version"]
-    if not 1 <= version <= FORMAT_VERSION:
-        why = f"newer than this module's {FORMAT_VERSION}: update npy_datasets.py"
-        why = why if version > 1 else "not a version (1, 2, ...)"
-        raise _bad(side, f"has format_version {version}, {why}")
+    if version < 1:
+        raise _bad(side, f"has format_version {version}, not a version (1, 2, ...)")
+    if version > FORMAT_VERSION:
+        update = f"newer than this module's {FORMAT_VERSION}: update npy_datasets.py"
+        raise _bad(side, f"has format_version {version}, {update}")
     for key in ("max_token_id", "eot_id"):
         if not 0 <= meta[key] < meta["n_vocab"]:
             raise _bad(
@@ -1093,6 +1105,14 @@ def _check_ids(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return ids.astype(dtype, copy=False)
 
 
+def _check_writer_fields(own: dict[str, Any], fields: dict[str, Any]) -> None:
+    clash = sorted(set(own) & set(fields))
+    if clash:
+        raise TypeError(
+            f"sidecar_for reads {clash} from the file itself; pass the writer's fields only"
+        )
+
+
 def _check_path_argument(path: Any) -> None:
     files = path if isinstance(path, (list, tuple)) else [path]
     if not files or not all(isinstance(p, (str, os.PathLike)) for p in files):
@@ -1134,7 +1154,9 @@ def _check_file_set(paths: list[str], opened: list[OpenedFile]) -> None:
         if "shard" in o.sidecar and "settings_fingerprint" in o.sidecar:
             sets.setdefault(o.sidecar["settings_fingerprint"], []).append(o.sidecar["shard"])
     for shards in sets.values():
-        count = shards[0].get("count", 0)
+        count = shards[0].get("count")
+        if type(count) is not int:  # not a set the prep step wrote: nothing to compare
+            continue
         seen = Counter(shard.get("index") for shard in shards)
         missing = [i for i in range(count) if i not in seen]
         twice = [i for i, k in seen.items() if k > 1]
@@ -1258,7 +1280,7 @@ def _check_shares(sampler: EpochSampler) -> None:
         raise ValueError(f'{n} windows for world_size={world}: with remainder="drop" {instead}')
     if len(sampler) == 0:  # drop_last with a share smaller than one batch: nothing to train on
         share = f"each of the {world} rank(s) gets {sampler._share(n)} of the {n} windows"
-        instead = "use a smaller batch_size, fewer ranks, a shorter seq_len or drop_last=False"
+        instead = "use a smaller batch_size, fewer ranks or a shorter seq_len (or drop_last=False)"
         b = sampler.batch_size
         raise ValueError(f"batch_size={b} with drop_last=True leaves no batch: {share}; {instead}")
 

@@ -362,12 +362,13 @@ def test_item_22_inconsistent_sidecar(tmp_path):
         ("n_tokens", 999, "1000"),
         ("shape", [999], "[1000]"),
         ("file_size", 7, "2128"),
-        ("layout", "bin", "'npy'"),
+        ("layout", "bin", "[1064]"),  # "bin" is final: the header read as ids, 64 of them more
     ]:
         path = write_tokens(tmp_path / f"{field}.npy", tokens, **{field: value})
-        message = refused(
-            path, nd.TokenFileError, f"{field} is {value!r} in the sidecar, {found} in the file"
-        )
+        said = f"{field} is {value!r} in the sidecar, {found}"
+        if field == "layout":
+            said = f"shape is [1000] in the sidecar, {found}"
+        message = refused(path, nd.TokenFileError, f"{said} in the file")
         assert repr(str(nd.sidecar_path(path))) in message
     for field, value in [("max_token_id", 50257), ("eot_id", 50257), ("eot_id", -1)]:
         path = write_tokens(tmp_path / f"{field}.npy", tokens, n_vocab=50257, **{field: value})
@@ -390,7 +391,6 @@ def test_sidecar_must_agree_with_the_file(tmp_path):
         ("n_tokens", 999),
         ("file_size", 7),
         ("shape", [999]),
-        ("layout", "bin"),
     ]:
         path = write_tokens(tmp_path / f"{field}.npy", tokens, **{field: value})
         msg = dataset_error(path)
@@ -564,3 +564,61 @@ def test_a_sidecar_field_of_null_and_a_sidecar_link_loop_are_named(tmp_path):
     side.unlink()
     side.symlink_to(side.name)  # a link to itself: stat() fails with ELOOP
     refused(loop, nd.TokenFileError, "is a sidecar that cannot be read", "symbolic links")
+
+
+# --- found by a copier's review of the redesigned module ----------------------------------------
+
+
+def test_write_tokens_refuses_a_bad_sidecar_before_writing_a_byte(tmp_path):
+    path = tmp_path / "b.npy"
+    old = write_tokens(path, np.arange(100, dtype=np.uint16))  # an earlier, good output
+    before = old.read_bytes()
+    for fields, problem in [
+        ({"eot_id": 0}, "field 'tokenizer' should be str, found None"),
+        ({"tokenizer": "t", "eot_id": 600}, "eot_id 600, outside the vocabulary (n_vocab 500)"),
+    ]:
+        with pytest.raises(nd.TokenFileError, match=re.escape(problem)):
+            nd.write_tokens(path, np.arange(300), n_vocab=500, **fields)
+    with pytest.raises(nd.TokenFileError, match=r"max_token_id 599, outside the vocabulary"):
+        nd.write_tokens(path, np.arange(600), n_vocab=500, tokenizer="t", eot_id=0)  # fits uint16
+    assert path.read_bytes() == before and nd.read_sidecar(path)["n_tokens"] == 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.npy", "b.npy.json"]  # no temp left
+
+
+def test_raw_ids_that_spell_the_npy_magic_stay_raw_ids_under_a_bin_sidecar(tmp_path):
+    ids = np.array([20115, 19797, 22864, 0, 1, *range(2, 60)], dtype=np.uint16)  # "\x93NUMPY\0..."
+    path = write_tokens(tmp_path / "ids.bin", ids)
+    assert path.read_bytes()[:6] == nd.NPY_MAGIC
+    assert nd.open_tokens(path).tolist() == ids.tolist()
+    plain = write_tokens(tmp_path / "plain.bin", np.arange(100, dtype=np.uint16))
+    with pytest.raises(
+        nd.TokenFileError, match="layout is 'npy' in the sidecar, 'bin' in the file"
+    ):
+        nd.sidecar_for(
+            plain,
+            layout="npy",
+            dtype="uint16",
+            tokenizer="t",
+            n_vocab=100,
+            eot_id=0,
+            max_token_id=99,
+        )
+
+
+def test_a_cut_npy_preamble_and_an_unknown_argument_are_named_for_what_they_are(tmp_path):
+    path = tmp_path / "cut.npy"
+    path.write_bytes(nd.NPY_MAGIC[:3])
+    refused(path, nd.TokenFileError, "has a truncated .npy preamble (3 bytes)")
+    with pytest.raises(TypeError, match="no rule for the argument 'seqlen'"):
+        nd.check_arguments(seqlen=3)
+
+
+def test_sidecar_for_takes_the_writers_fields_only(tmp_path):
+    path = write_tokens(tmp_path / "t.npy", np.arange(100, dtype=np.uint16))
+    fields = {"tokenizer": "t", "n_vocab": 100, "eot_id": 0, "max_token_id": 99}
+    with pytest.raises(
+        TypeError, match=r"sidecar_for reads \['n_tokens', 'sha256'\] from the file"
+    ):
+        nd.sidecar_for(path, layout="npy", dtype="uint16", n_tokens=999, sha256="0" * 64, **fields)
+    meta = nd.sidecar_for(path, layout="npy", dtype="uint16", **fields)
+    assert meta["n_tokens"] == 100 and meta["eot_placement"] == "prepend"
