@@ -36,12 +36,11 @@ from test_notebooks import NOTEBOOKS, _code_cells
 NOTEBOOK_TIMEOUT = (
     300  # seconds for a notebook's own cells and all its answers (about 10 on 2 cores)
 )
-TIMEOUTS = {"train_a_small_model": 600}  # a notebook that needs longer: its key -> seconds
-PENDING = {  # notebooks whose exercises have no answers here yet; remove one when adding its answers
-    "tokenize_tinystories",
-    "write_token_files",
-    "scaling_out",
+TIMEOUTS: dict[str, int] = {  # a notebook that needs longer: its key -> seconds
+    "scaling_out": 600,  # five torchrun or script runs, two of them answers (about 30 s on 2 cores)
+    "train_a_small_model": 600,  # four answers train again (about 100 s on 2 cores)
 }
+PENDING: set[str] = set()  # notebooks whose exercises have no answers here yet
 
 
 class Answer(NamedTuple):
@@ -50,6 +49,81 @@ class Answer(NamedTuple):
 
 
 ANSWERS = {
+    ("tokenize_tinystories", 1): Answer(
+        """
+ids = enc.encode_ordinary("Ça va? 🐉")
+pieces = [enc.decode_single_token_bytes(i) for i in ids]
+whole = [enc.decode([i]) for i in ids if "\\ufffd" not in enc.decode([i])]
+parts = [p for i, p in zip(ids, pieces) if "\\ufffd" in enc.decode([i])]
+assert b"".join(pieces).decode("utf-8") == "Ça va? 🐉" and len(whole) + len(parts) == len(ids)
+print(f"{len(ids)} ids: {len(whole)} whole pieces of text {whole}, {len(parts)} parts of characters")
+print(parts)
+""",
+        r"^8 ids: 3 whole pieces of text \['a', ' va', '\?'\], 5 parts of characters\n"
+        r"\[b'\\xc3', b'\\x87', b' \\xf0\\x9f', b'\\x90', b'\\x89'\]$",
+    ),
+    ("tokenize_tinystories", 2): Answer(
+        """
+chunks = pt.tokenize_documents(stories, enc, num_threads=2, chunk_docs=1)
+one_each = np.concatenate(list(chunks))
+same = np.array_equal(one_each, one_thread)
+assert same
+print(f"chunk_docs=1, 2 threads: {len(one_each):,} ids, the same stream as section 4: {same}")
+""",
+        r"^chunk_docs=1, 2 threads: 342,147 ids, the same stream as section 4: True$",
+    ),
+    ("tokenize_tinystories", 3): Answer(
+        """
+rest10, val10 = carve_validation(10, val_fraction=0.01)
+assert len(val10) == 1 and round(10 * 0.01) == 0 and len(rest10) == 9
+print(f"{len(val10)} validation document, row {val10.tolist()}:", end=" ")
+print(f"round(10 * 0.01) is {round(10 * 0.01)}, and max(1, ...) keeps at least one")
+""",
+        r"^1 validation document, row \[7\]: round\(10 \* 0\.01\) is 0, and max\(1, \.\.\.\)",
+    ),
+    ("write_token_files", 1): Answer(
+        """
+(appended, _) = pt.prepare(out=DATA / "appended", eot_placement="append", progress=False)
+ids = nd.open_tokens(appended.path)
+assert ids[0] != enc.eot_token and ids[-1] == enc.eot_token
+assert appended.meta["eot_placement"] == "append" and len(ids) == train.meta["n_tokens"]
+print(f"append: first id {ids[0]}, last id {ids[-1]} (the end-of-text token)")
+""",
+        r"^append: first id 7454, last id 50256 \(the end-of-text token\)$",
+    ),
+    ("write_token_files", 2): Answer(
+        """
+mine = DATA / "mine.npy"
+np.save(mine, np.arange(10, dtype=np.int64))
+try:
+    nd.open_tokens(mine)
+except nd.TokenFileError as e:
+    print(e)
+np.save(mine, np.arange(10, dtype=np.int64).astype(np.uint16))  # every id is below 65,536
+print("as uint16:", nd.open_tokens(mine).tolist())
+""",
+        r"^'data/notebook02/mine\.npy': dtype '<i8' is not supported; .*astype\(np\.uint16\).*\n"
+        r"as uint16: \[0, 1, 2, 3, 4, 5, 6, 7, 8, 9\]$",
+    ),
+    ("write_token_files", 3): Answer(
+        """
+big = DATA / "copy" / "train.npy"
+size = big.stat().st_size
+assert size > 2 * nd.PROBE_BYTES
+with open(big, "r+b") as f:
+    f.seek(size // 2)  # outside the first and the last 64 KiB
+    byte = f.read(1)[0]
+    f.seek(size // 2)
+    f.write(bytes([byte ^ 0xFF]))
+print("verify=False opens it:", len(nd.open_tokens(big)), "tokens")
+try:
+    nd.open_tokens(big, verify=True)
+except nd.TokenFileError as e:
+    print("verify=True:", e)
+""",
+        r"^verify=False opens it: 342147 tokens\n"
+        r"verify=True: 'data/notebook02/copy/train\.npy' is damaged or was replaced: its sha256 differs",
+    ),
     ("build_the_dataset", 1): Answer(
         """
 ds10 = NpyTokensDataset(path, seq_len=10)
@@ -118,6 +192,48 @@ assert torch.equal(firsts_2, expected)
 print(f"2 workers: {len(firsts_2)} validation windows, in order: {torch.equal(firsts_2, expected)}")
 """,
         r"^2 workers: 137 validation windows, in order: True$",
+    ),
+    ("scaling_out", 1): Answer(
+        """
+three_ranks = run_example("--steps", "2", ranks=3)
+line = next(line for line in three_ranks if "disjoint" in line)
+dropped = nd.EpochSampler(single, world_size=3, rank=0).dropped
+assert dropped == len(single) % 3 == 1 and f"dropped: {dropped} " in line
+print(line)
+""",
+        r"^3 rank\(s\), 1,336 windows per epoch: each rank 445, disjoint: True, dropped: 1 "
+        r"\(sampler\.dropped = 1\)$",
+    ),
+    ("scaling_out", 2): Answer(
+        """
+two = run_example("--steps", "2", "--resume", state_file, ranks=2)
+at_5 = [line for line in two if " step 5 " in line]
+predicted = []
+for r in range(2):
+    rest = nd.EpochSampler(single, world_size=2, rank=r).order(0, start=32)
+    x, _ = single[0, rest[:8]]  # rank r's first batch of 8 after the saved position
+    predicted.append(f"rank {r}/2 step 5 epoch 0 checksum {int(x.sum())}")
+assert at_5 == predicted
+print("\\n".join(at_5))
+""",
+        r"^rank 0/2 step 5 epoch 0 checksum \d+\nrank 1/2 step 5 epoch 0 checksum \d+$",
+    ),
+    ("scaling_out", 3): Answer(
+        """
+(half,) = pt.prepare(
+    out=DATA / "shards_50k", splits=["train"], shard_tokens=50_000, progress=False
+)
+sizes = [nd.read_sidecar(path)["n_tokens"] for path in half.shards]
+predicted = sum((n - 1) // SEQ_LEN for n in sizes)
+smaller = nd.NpyTokensDataset(half.path, SEQ_LEN)
+k = (sizes[0] - 1) // SEQ_LEN  # shard 0's windows
+assert len(smaller) == predicted
+assert torch.equal(smaller[0, np.arange(k)][0], single[0, np.arange(k)][0])
+print(f"{len(sizes)} shards: {predicted:,} windows predicted, {len(smaller):,} found;", end=" ")
+print(f"shard 0's {k} windows are the one file's first {k}")
+""",
+        r"^7 shards: 1,334 windows predicted, 1,334 found; shard 0's 195 windows are the one file's "
+        r"first 195$",
     ),
     ("appendix_hardening", 1): Answer(
         """
