@@ -321,7 +321,10 @@ def write_tokens(path: str | os.PathLike, ids: Any, *, n_vocab: int, dtype: Any 
     layout = FileLayout("bin" if Path(path).suffix == ".bin" else "npy", dtype, tokens.shape, 0)
     fields = {**fields, "n_vocab": n_vocab, "max_token_id": int(tokens.max())}
     draft = {**_sidecar(Path(path).name, layout, 0, "", ""), "eot_placement": "prepend", **fields}
-    _check_sidecar(sidecar_path(path), draft)
+    try:  # the sidecar to be written must be one a reader accepts
+        _check_sidecar(sidecar_path(path), draft)
+    except TokenFileError as error:
+        raise TokenFileError(f"nothing written: the sidecar would be refused: {error}") from None
     with atomic_write(path, stale=sidecar_path(path)) as f:
         if layout.layout == "npy":
             np.lib.format.write_array(f, tokens, allow_pickle=False)
@@ -812,7 +815,7 @@ def to_device(
     batch: Sequence[torch.Tensor], device: str | torch.device
 ) -> tuple[torch.Tensor, ...]:
     """Move a batch's tensors to device, asynchronously from pinned memory. (On an H100 a pinned
-    int64 copy beat sending uint16 ids and widening them there: fewer kernel launches.)"""
+    int64 copy beat sending uint16 ids and widening them there; bench_loader.py --gpu times both.)"""
     return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)
 
 
