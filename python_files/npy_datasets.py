@@ -317,8 +317,9 @@ def write_tokens(path: str | os.PathLike, ids: Any, *, n_vocab: int, dtype: Any 
     that a reader would refuse (an id past n_vocab, say) is refused before anything is written.
     """
     dtype = token_dtype(n_vocab) if dtype is None else check_token_dtype(dtype, "dtype argument")
-    tokens = _check_ids(np.asarray(ids), dtype)
-    layout = FileLayout("bin" if Path(path).suffix == ".bin" else "npy", dtype, tokens.shape, 0)
+    kind = "bin" if Path(path).suffix == ".bin" else "npy"
+    tokens = _check_ids(np.asarray(ids), dtype, kind)
+    layout = FileLayout(kind, dtype, tokens.shape, 0)
     fields = {**fields, "n_vocab": n_vocab, "max_token_id": int(tokens.max())}
     draft = {**_sidecar(Path(path).name, layout, 0, "", ""), "eot_placement": "prepend", **fields}
     try:  # the sidecar to be written must be one a reader accepts
@@ -399,7 +400,7 @@ class NpyTokensDataset:
         self.num_samples = int(self._window_bounds[-1] if num_samples is None else num_samples)
         self._one_flat_file = len(self.files) == 1 and self.files[0].rows == 1
         self._maps: dict[int, MappedFile] = {}  # file -> its map, least recently used first
-        self._max_maps = _map_cap()  # halved when a process runs out of descriptors all the same
+        self._max_maps = _map_cap()  # lowered when a process runs out of descriptors all the same
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_maps": {}}  # never pickle mapped data: workers map their own
@@ -482,7 +483,7 @@ class NpyTokensDataset:
 
     def _map_file(self, file: TokenFile) -> MappedFile:
         """Map a file, first closing the least recently used maps beyond the cap. Out of file
-        descriptors, the cap is halved for this process, and the map tried once more."""
+        descriptors, the cap drops to half the maps then open, and the map is tried once more."""
         for attempt in (1, 2):
             while len(self._maps) >= self._max_maps:
                 del self._maps[next(iter(self._maps))]  # the oldest map, and its descriptor
@@ -1094,10 +1095,15 @@ def _check_vocab_size(path: str, top: int, vocab_size: int) -> None:
         raise _bad(path, f"holds ids up to {top}, too many for vocab_size={vocab_size}")
 
 
-def _check_ids(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _check_ids(ids: np.ndarray, dtype: np.dtype, layout: str) -> np.ndarray:
     """ids as dtype, after checking every id fits: a plain astype would wrap 70000 to 4464."""
     if ids.ndim not in (1, 2) or ids.dtype.kind not in "iu":  # signed or unsigned integers
         raise TypeError(f"ids must be a 1-D or 2-D array of integers, got {ids.dtype} {ids.shape}")
+    if ids.ndim == 2 and layout == "bin":  # raw ids keep no shape: the rows would run together
+        raise ValueError(
+            f"2-D ids {ids.shape} cannot be written as .bin, which holds one flat stream; "
+            "write a .npy path to keep the rows, or pass ids.ravel() for one stream"
+        )
     if ids.size == 0:
         raise ValueError("no token ids to write")
     low, high, top = int(ids.min()), int(ids.max()), np.iinfo(dtype).max

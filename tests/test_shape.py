@@ -10,7 +10,7 @@ import ast
 from conftest import ROOT
 
 MODULE = ROOT / "python_files" / "npy_datasets.py"
-MAX_LINES = 1_380  # the honest size with every tested behaviour: see docs/maintainers.md
+MAX_LINES = 1_385  # the honest size with every tested behaviour: see docs/maintainers.md
 MAX_FUNCTION_LINES = 50
 MAIN_PATH = {  # what valid input runs through: no `raise` in these
     "NpyTokensDataset.__init__",

@@ -63,3 +63,15 @@ def test_sidecar_for_takes_the_writers_fields_only(tmp_path):
         nd.sidecar_for(path, layout="npy", dtype="uint16", n_tokens=999, sha256="0" * 64, **fields)
     meta = nd.sidecar_for(path, layout="npy", dtype="uint16", **fields)
     assert meta["n_tokens"] == 100 and meta["eot_placement"] == "prepend"
+
+
+def test_two_d_ids_keep_their_rows_in_a_npy_and_are_refused_for_a_bin(tmp_path):
+    rows = np.arange(40).reshape(4, 10)
+    npy = tmp_path / "rows.npy"
+    nd.write_tokens(npy, rows, n_vocab=50, tokenizer="t", eot_id=0)
+    assert nd.open_tokens(npy).shape == (4, 10)
+    ds = nd.NpyTokensDataset(npy, seq_len=4)  # windows stay inside a row: 2 a row
+    assert len(ds) == 8 and ds[2][0].tolist() == [10, 11, 12, 13]
+    with pytest.raises(ValueError, match=r"2-D ids \(4, 10\) cannot be written as \.bin"):
+        nd.write_tokens(tmp_path / "rows.bin", rows, n_vocab=50, tokenizer="t", eot_id=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.npy", "rows.npy.json"]
