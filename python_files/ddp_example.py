@@ -1,4 +1,4 @@
-"""Several processes, one epoch: each rank reads its own share of the windows; stop and resume exactly.
+"""Several processes, one epoch: each rank reads its own share of the windows; stop, resume exactly.
 
     torchrun --standalone --nproc_per_node=2 python_files/ddp_example.py --steps 4
     python python_files/ddp_example.py --steps 3 --save-state data/loader_state.json
@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402 (imported after the sys.path line above)
-from prepare_tokens import prepare  # noqa: E402 (imported after the sys.path line above)
+from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402 (sys.path set)
+from prepare_tokens import prepare  # noqa: E402 (sys.path set)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if use_gpu else torch.device("cpu")
     if rank == 0:
         say(
-            f"{world} rank(s), backend {backend or 'none'}, device {device.type}, {gpus} GPU(s) on this node"
+            f"{world} rank(s), backend {backend or 'none'}, device {device.type}, "
+            f"{gpus} GPU(s) on this node"
         )
 
     if rank == 0:  # one process writes the token files; the others wait, then only read them
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         args.save_state.parent.mkdir(parents=True, exist_ok=True)
         args.save_state.write_text(json.dumps({"step": step, "sampler": state}))
         say(
-            f"saved the loader state: step {step}, epoch {state['epoch']}, position {state['position']}"
+            f"saved the loader state: step {step}, epoch {state['epoch']}, "
+            f"position {state['position']}"
         )
 
     mine = torch.from_numpy(sampler.order(epoch))  # this rank's windows of the last epoch it was in
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         seen = torch.cat(every)
         disjoint = len(torch.unique(seen)) == len(seen)
         say(
-            f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, disjoint: {disjoint}, "
+            f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, "
+            f"disjoint: {disjoint}, "
             f"dropped: {len(train) - len(torch.unique(seen))} (sampler.dropped = {sampler.dropped})"
         )
     if distributed:

@@ -816,7 +816,7 @@ def to_device(
     batch: Sequence[torch.Tensor], device: str | torch.device
 ) -> tuple[torch.Tensor, ...]:
     """Move a batch's tensors to device, asynchronously from pinned memory. (On an H100 a pinned
-    int64 copy beat sending uint16 ids and widening them there; bench_loader.py --gpu times both.)"""
+    int64 copy beat sending uint16 ids to widen there; bench_loader.py --gpu times both.)"""
     return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)
 
 

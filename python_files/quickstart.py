@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402 (imported after the sys.path line above)
-from prepare_tokens import prepare  # noqa: E402 (imported after the sys.path line above)
+from npy_datasets import NpyTokensDataset, make_dataloaders, to_device  # noqa: E402 (sys.path set)
+from prepare_tokens import prepare  # noqa: E402 (sys.path set)
 
 ROOT = Path(__file__).resolve().parents[1]
 SEQ_LEN, BATCH = 256, 16  # small enough for the sample's validation split (about 35k tokens)
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("smoke test failed: y is not x shifted by one token")
     print(f"train: {len(train):,} windows of {SEQ_LEN} tokens, validation: {len(val):,}")
     print(
-        f"x: {tuple(x.shape)} {x.dtype} on {x.device}  |  y: {tuple(y.shape)} {y.dtype} on {y.device}"
+        f"x: {tuple(x.shape)} {x.dtype} on {x.device}  |  "
+        f"y: {tuple(y.shape)} {y.dtype} on {y.device}"
     )
     print(f"x[0, :8] = {x[0, :8].tolist()}")
     print(f"y[0, :8] = {y[0, :8].tolist()}   (y is x shifted by one token)")
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.synchronize()
     rate = batches / (time.perf_counter() - start)
     print(
-        f"{rate:,.0f} batches/s ({rate * BATCH * SEQ_LEN / 1e6:.1f} M tokens/s) over {batches} batches"
+        f"{rate:,.0f} batches/s ({rate * BATCH * SEQ_LEN / 1e6:.1f} M tokens/s) "
+        f"over {batches} batches"
     )
 
 
