@@ -11,7 +11,7 @@ repeat, so that a busy moment of the machine falls on all of them; each result i
 
     python benchmarks/bench_loader.py            # about 5 minutes on 2 cores
     python benchmarks/bench_loader.py --quick    # under a minute, a 10M-token file
-    python benchmarks/bench_loader.py --gpu      # also the two ways to move a batch to a CUDA device
+    python benchmarks/bench_loader.py --gpu      # also host-to-device copies and GPT steps on a CUDA GPU
     python benchmarks/bench_loader.py --shards   # also 200 shuffled shards, MAX_OPEN_FILES 64 against the default
 """
 
@@ -174,6 +174,74 @@ def gpu_transfer(B: int, T: int, iters: int = 200) -> None:
         print(f"  ({B}, {T}) {name}: {(time.perf_counter() - start) / iters * 1e6:.1f} us/batch")
 
 
+GPT_SIZES = ((2, 128), (6, 384), (12, 768))  # (layers, width): a tiny GPT up to GPT-2 small
+
+
+class GPT(torch.nn.Module):
+    """A GPT from torch's own layers (as notebook 06 builds it): embeddings, causal pre-norm encoder
+    layers with heads of 64, a final LayerNorm and an output layer tied to the token embedding."""
+
+    def __init__(self, layers: int, width: int, T: int) -> None:
+        super().__init__()
+        self.tokens = torch.nn.Embedding(50257, width)
+        self.positions = torch.nn.Embedding(T, width)
+        layer = torch.nn.TransformerEncoderLayer(
+            width, width // 64, 4 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(width)
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(T)
+        self.register_buffer("causal", causal, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tokens(x) + self.positions.weight[: x.shape[1]]
+        h = self.blocks(h, mask=self.causal, is_causal=True)
+        return self.norm(h) @ self.tokens.weight.T
+
+
+def gpu_step_rate(path: Path, layers: int, width: int, B: int = 12, T: int = 1024) -> None:
+    """A GPT training step (bf16 autocast, AdamW) fed by make_dataloaders + to_device, against the
+    same step on batches already on the GPU. Blocks of 10 steps take turns, with one synchronize at
+    the end of each block, as a loop that reads the loss every few steps lets the CPU run ahead."""
+    torch.manual_seed(0)
+    model = GPT(layers, width, T).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    ds = nd.NpyTokensDataset(path, T)
+    loader = endless(lambda: nd.make_dataloaders(ds, batch_size=B)[0])
+    staged = [nd.to_device(loader(), "cuda") for _ in range(10)]
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        x, y = nd.to_device(batch, "cuda")  # a no-op for the staged batches
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def block(next_batch: Callable[[int], Any]) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(10):
+            step(next_batch(i))
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / 10
+
+    times: dict[str, list[float]] = {"loader": [], "on the GPU": []}
+    for turn in range(10):  # the first two turns warm up kernels and the loader
+        fed = block(lambda i: loader())
+        held = block(lambda i: staged[i])
+        if turn >= 2:
+            times["loader"].append(fed)
+            times["on the GPU"].append(held)
+    fed, held = (statistics.median(t) * 1e3 for t in times.values())
+    weights = sum(p.numel() for p in model.parameters()) / 1e6
+    print(
+        f"  {layers} x {width} ({weights:.0f}M weights), batch {B} x {T}: {fed:.2f} ms a step fed "
+        f"by the loader, {held:.2f} ms on batches already there: {held / fed:.3f} of that rate"
+    )
+
+
 def shard_cap(repeats: int, seconds: float) -> None:
     """Per batch of 32 x 1024 from 50 or 200 shuffled 100k-token shards (no DataLoader): MAX_OPEN_FILES at 64
     against the default. Below the shard count, maps are closed and reopened batch after batch."""
@@ -204,7 +272,9 @@ def main() -> None:
         "--quick", action="store_true", help="a 10M-token file and short time boxes"
     )
     parser.add_argument(
-        "--gpu", action="store_true", help="also time the two host-to-device copies"
+        "--gpu",
+        action="store_true",
+        help="also the two host-to-device copies and a GPT step with and without the loader",
     )
     parser.add_argument(
         "--shards",
@@ -265,6 +335,9 @@ def main() -> None:
             print(f"Host to device on {torch.cuda.get_device_name()}:")
             for B, T in CONFIGS:
                 gpu_transfer(B, T)
+            print("A GPT training step fed by the loader, against batches already on the GPU:")
+            for layers, width in GPT_SIZES:
+                gpu_step_rate(path, layers, width)
 
 
 if __name__ == "__main__":
