@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -219,18 +219,19 @@ def gpu_step_rate(path: Path, layers: int, width: int, B: int = 12, T: int = 102
         loss.backward()
         opt.step()
 
-    def block(next_batch: Callable[[int], Any]) -> float:
+    def block(batches: Iterable[Any]) -> float:
+        """Seconds a step over 10 steps; the batches are made inside the timed loop."""
         torch.cuda.synchronize()
         start = time.perf_counter()
-        for i in range(10):
-            step(next_batch(i))
+        for batch in batches:
+            step(batch)
         torch.cuda.synchronize()
         return (time.perf_counter() - start) / 10
 
     times: dict[str, list[float]] = {"loader": [], "on the GPU": []}
     for turn in range(10):  # the first two turns warm up kernels and the loader
-        fed = block(lambda i: loader())
-        held = block(lambda i: staged[i])
+        fed = block(loader() for _ in range(10))
+        held = block(staged)
         if turn >= 2:
             times["loader"].append(fed)
             times["on the GPU"].append(held)
