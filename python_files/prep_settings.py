@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from npy_datasets import ARGUMENT_RULES, check_arguments
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPLITS = ("train", "validation")  # TinyStories' two splits
 VALIDATION_SPLIT = "validation"  # the split carved from CARVE_SOURCE when a dataset has none
@@ -30,8 +28,9 @@ CHUNK_DOCS = 1024  # documents per thread-pool task and per read: amortises over
 SPLIT_NAME = re.compile(r"\w[\w.-]*")  # becomes a file name: no '/', '\\', ':', NUL or leading '.'
 OPTIONAL = ("num_threads", "shard_tokens")  # None means: every usable core, one file per split
 
-PREP_RULES: dict[str, Any] = {  # the module's rules (seed, ...) and the prep step's own
-    **ARGUMENT_RULES,
+PREP_RULES: dict[str, Any] = {  # an int range, bool (True or False), or a tuple of choices
+    "seed": range(0, 2**63),
+    "n_vocab": range(1, 2**32 + 1),  # uint32 holds ids up to 2**32 - 1
     "chunk_docs": range(1, 2**63),
     "num_threads": range(1, 2**31),
     "shard_tokens": range(1, 2**63),
@@ -52,7 +51,27 @@ def check_prep_arguments(**values: Any) -> None:
     for name in OPTIONAL:
         if values.get(name, 0) is None:
             del values[name]
-    check_arguments(PREP_RULES, **values)
+    for name, value in values.items():
+        if name not in PREP_RULES:
+            raise TypeError(f"no rule for the argument {name!r}: add one to PREP_RULES")
+        _check_argument(name, value, PREP_RULES[name])
+
+
+def _check_argument(name: str, value: Any, rule: Any) -> None:
+    """A TypeError for the wrong kind of value, a ValueError for one out of range or not among
+    the choices. A numpy int is an int, a bool never is."""
+    if isinstance(rule, range):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < rule.start:
+            raise ValueError(f"{name} must be at least {rule.start}, got {value}")
+        if value >= rule.stop:
+            raise ValueError(f"{name} must be at most {rule.stop - 1}, got {value}")
+    elif rule is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    elif not any(type(value) is type(choice) and value == choice for choice in rule):
+        raise ValueError(f"{name} must be one of {rule}, got {value!r}")
 
 
 def split_names(splits: Sequence[str] | str) -> tuple[str, ...]:
