@@ -8,15 +8,18 @@ datasets library reads none of them, so no cached copy can stand in for the file
 from __future__ import annotations
 
 import bz2
+import contextlib
 import csv
+import functools
 import gzip
 import io
 import json
 import lzma
 import os
 import re
+import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -41,6 +44,9 @@ HIDDEN = (".", "__")  # names that datasets skips in a folder, and so does the p
 OWN_OUTPUTS = (".npy.json", ".bin.json")  # the prep step's sidecars: never a document
 BOM = "\ufeff"  # a UTF-8 byte order mark, as Notepad starts a file: not part of the text
 SEPARATOR = ENDOFTEXT.encode()  # a .txt line of only this ends a story (TinyStoriesV2-GPT4-*.txt)
+SEPARATORS = ("auto", "endoftext", "line", "blank-line")  # how a .txt is cut into documents
+NOTE_PARAGRAPH_LINES = 20  # auto read a line a document: a blank line every 20 lines or more is a
+# note's worth (blank-line separated paragraphs); a stray empty line in a long file is not
 LINE_END = re.compile(
     r"\r?\n\Z"
 )  # cut off each document read: "\r\n" or "\n" (a lone "\r" is text)
@@ -142,11 +148,15 @@ def _names(folder: Path, paths: list[str]) -> str:
 
 
 # ---- Reading: one file after another, in tables of CHUNK_DOCS documents -----------------------
-def read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
+def read_documents(
+    paths: list[str], column: str, separators: Mapping[str, str] | None = None
+) -> Iterator[pa.Table]:
     """The documents of local data files, in order, in tables of up to CHUNK_DOCS rows; a fault is
-    a ValueError naming the file and its line (or row)."""
+    a ValueError naming the file and its line (or row). separators: each .txt file's separator
+    (txt_separators); a file it does not name is read as "auto"."""
     for path in paths:
-        texts = _file_documents(path, column)
+        separator = "auto" if separators is None else separators.get(path, "auto")
+        texts = _file_documents(path, column, separator)
         batch = list(islice(texts, CHUNK_DOCS))
         if not batch:
             raise ValueError(f"cannot read {path}: it holds no documents")
@@ -155,25 +165,105 @@ def read_documents(paths: list[str], column: str) -> Iterator[pa.Table]:
             batch = list(islice(texts, CHUNK_DOCS))
 
 
-def _file_documents(path: str, column: str) -> Iterator[str]:
+def _file_documents(path: str, column: str, separator: str = "auto") -> Iterator[str]:
     """The documents of one file, read by its format."""
     reader = READERS[file_format(path)]
+    if reader is _txt_documents:  # the one format with no column: cut by separator instead
+        reader = functools.partial(_txt_documents, separator=separator)
+    with _reading(path) as (f, place):
+        yield from reader(f, column, place)
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[tuple[BinaryIO, Place]]:
+    """path opened as bytes (decompressed by its suffix), and where in it the reader is; a read
+    error inside is a ValueError naming the file and its line (or row)."""
     place = Place()
     try:
         with OPENERS.get(Path(path).suffix, open)(path, "rb") as f:
-            yield from reader(f, column, place)
+            yield f, place
     except READ_ERRORS as error:  # ValueError: bad JSON or UTF-8, a non-text cell, ...
         raise ValueError(f"cannot read {path}{place.where(error)}: {error}") from error
 
 
-def _txt_documents(f: BinaryIO, column: str, place: Place) -> Iterator[str]:
-    """A .txt is cut at its lines of only <|endoftext|> if it has one, each story keeping its
-    inner line breaks; else at every line end (\\n alone: a lone \\r is text)."""
-    separated = any(line.strip().removeprefix(BOM.encode()) == SEPARATOR for line in f)
-    f.seek(0)  # the first pass above stops at the first separator line
+# ---- .txt: cut at <|endoftext|> lines, at blank lines, or at every line end --------------------
+def txt_separators(paths: list[str], separator: str, folder: Path) -> dict[str, str]:
+    """Each .txt file's separator: separator itself; for "auto", endoftext where the file holds a
+    line of only <|endoftext|>, else line. The files auto reads a line a document that look
+    blank-line separated are named in one note on stderr (folder: names are relative to it)."""
+    if separator not in SEPARATORS:
+        raise ValueError(f"separator must be one of {', '.join(SEPARATORS)}; got {separator!r}")
+    chosen = {}
+    noted = []
+    for path in paths:
+        if file_format(path) != "text":
+            continue
+        if separator != "auto":
+            chosen[path] = separator
+            continue
+        with _reading(path) as (f, place):
+            chosen[path], looks_blank_separated = _auto_separator(f, place)
+        if looks_blank_separated:
+            noted.append(path)
+    if noted:
+        print(_blank_line_note(_names(folder, noted), len(noted)), file=sys.stderr, flush=True)
+    return chosen
+
+
+def _auto_separator(f: BinaryIO, place: Place) -> tuple[str, bool]:
+    """("endoftext", False) when f holds a line of only <|endoftext|>; else "line", and whether f
+    looks blank-line separated: two or more paragraphs of several lines, and on average a blank
+    line at least every NOTE_PARAGRAPH_LINES lines of text."""
+    text_lines = 0
+    paragraphs_of_lines = 0  # paragraphs of two or more lines, ended by a blank line or the end
+    blank_runs = 0  # runs of blank lines after a paragraph
+    run = 0  # lines of the paragraph being read
+    for line in f:
+        place.number += 1
+        content = line.strip().removeprefix(BOM.encode())
+        if content == SEPARATOR:
+            return "endoftext", False
+        if content:
+            text_lines += 1
+            run += 1
+            continue
+        if run:
+            blank_runs += 1
+        if run >= 2:
+            paragraphs_of_lines += 1
+        run = 0
+    if run >= 2:
+        paragraphs_of_lines += 1
+    often = blank_runs * NOTE_PARAGRAPH_LINES >= text_lines
+    return "line", paragraphs_of_lines >= 2 and often
+
+
+def _blank_line_note(names: str, count: int) -> str:
+    """One line: these files are read a line a document, and the option that reads paragraphs."""
+    looks, read = ("looks", "is") if count == 1 else ("look", "are")
+    shape = "paragraphs of several lines between blank lines"
+    what = f"{looks} blank-line separated ({shape}) but {read} read a document per line"
+    options = (
+        "pass --separator blank-line for a document per paragraph, or --separator line to keep "
+        "this without the note"
+    )
+    return f"note: {names} {what}; {options}"
+
+
+def _txt_documents(
+    f: BinaryIO, column: str, place: Place, separator: str = "auto"
+) -> Iterator[str]:
+    """A .txt cut by separator: "endoftext" at its lines of only <|endoftext|>, "blank-line" at its
+    runs of blank lines (each document keeping its inner line breaks), "line" at every line end
+    (\\n alone: a lone \\r is text). "auto": endoftext if the file holds such a line, else line."""
+    if separator == "auto":
+        separator, _ = _auto_separator(f, Place())
+        f.seek(0)  # the pass above stops at the first separator line
     lines = _lines(f, place)
-    if separated:
+    if separator == "endoftext":
         return _stories(lines)
+    if separator == "blank-line":
+        return _paragraphs(lines)
     return (LINE_END.sub("", line) for line in lines)
 
 
@@ -191,13 +281,27 @@ def _stories(lines: Iterator[str]) -> Iterator[str]:
     """The text between separator lines; a story's last line break belongs to its separator."""
     story = []
     for line in lines:
-        if line.strip() == ENDOFTEXT:
+        if line.strip().removeprefix(BOM) == ENDOFTEXT:  # as _auto_separator finds them
             yield LINE_END.sub("", "".join(story))
             story = []
         else:
             story.append(line)
     if "".join(story).strip():  # text after the last separator: a story unless only spaces
         yield LINE_END.sub("", "".join(story))
+
+
+def _paragraphs(lines: Iterator[str]) -> Iterator[str]:
+    """The runs of lines between blank lines (empty, or only whitespace): one or more blank lines
+    end a document, so none is empty; a paragraph's last line break belongs to the blank line."""
+    paragraph = []
+    for line in lines:
+        if line.strip():
+            paragraph.append(line)
+        elif paragraph:
+            yield LINE_END.sub("", "".join(paragraph))
+            paragraph = []
+    if paragraph:
+        yield LINE_END.sub("", "".join(paragraph))
 
 
 def _json_documents(f: BinaryIO, column: str, place: Place) -> Iterator[str]:
@@ -260,7 +364,8 @@ def check_text_column(schema: pa.Schema, column: str) -> None:
     if column not in schema.names:
         raise ValueError(f"column {column!r} not found; available: {schema.names}")
     kind = schema.field(column).type
-    if not any(is_text(kind) for is_text in TEXT_TYPES):
+    values = kind.value_type if pa.types.is_dictionary(kind) else kind  # categorical: its values
+    if not any(is_text(values) for is_text in TEXT_TYPES):
         raise ValueError(f"column {column!r} holds {kind}, not text")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import os
 import re
 import socket
@@ -22,12 +23,15 @@ import numpy as np
 import pyarrow as pa
 
 from prep_files import (
+    BOM,
     FILE_FORMATS,
     OPENERS,
+    SEPARATORS,
     check_text_column,
     file_format,
     folder_files,
     read_documents,
+    txt_separators,
 )
 from prep_settings import (
     CARVE_SOURCE,
@@ -66,16 +70,20 @@ class TextSplit:
 
 @dataclass
 class SkipCount:
-    """Documents that skip_empty_documents left out: no text, or only whitespace."""
+    """Documents that skip_empty_documents read, and those it left out: no text, or only
+    whitespace."""
 
     empty_docs: int = 0
+    read_docs: int = 0  # the empty ones included
 
 
 class Loaded(NamedTuple):
-    """A dataset's splits: their documents, and the files they are read from."""
+    """A dataset's splits: their documents, the files they are read from, and each .txt file's
+    separator (prep_files.txt_separators; empty when there is none)."""
 
     documents: dict[str, Any]
     files: dict[str, list[str]]
+    separators: dict[str, str]
 
 
 # ---- The splits: each from its own split, or carved from train -------------------------------
@@ -85,13 +93,20 @@ def load_text_splits(
     splits: Sequence[str] = DEFAULT_SPLITS,
     val_fraction: float = VAL_FRACTION,
     seed: int = SEED,
+    separator: str = "auto",
 ) -> dict[str, TextSplit]:
     """Load the requested splits of a Hub or local dataset (None: the bundled sample), carving
-    validation from train when the dataset has none. "val" is the validation split too."""
+    validation from train when the dataset has none. "val" is the validation split too.
+    separator: how a .txt is cut into documents (prep_files.SEPARATORS); other inputs: "auto"."""
     check_prep_arguments(splits=splits, val_fraction=val_fraction, seed=seed)
+    if separator not in SEPARATORS:
+        raise ValueError(f"separator must be one of {', '.join(SEPARATORS)}; got {separator!r}")
     names = split_names(splits)
     name, path = resolve_dataset(dataset)
-    loaded = _load_hub(name) if path is None else _load_local(path, column)
+    if path is None:
+        _check_separator_applies(separator, name, {})  # before the Hub's slow load
+    loaded = _load_hub(name) if path is None else _load_local(path, column, separator)
+    _check_separator_applies(separator, name, loaded.separators)
     from_split = _source_splits(names, loaded.documents, name)
     for source in dict.fromkeys(from_split.values()):  # each from its first rows, before slow work
         _check_first_rows(loaded.documents[source], column, f"{name} split {source}")
@@ -109,11 +124,20 @@ def load_text_splits(
             "column": column,
             "input_fingerprint": fingerprints[from_split[split]],
         }
+        if loaded.separators:  # it decides a .txt's documents, so their bytes
+            source["separator"] = separator
         if split in rows:  # the carve's settings: recorded by the carved splits only
             source.update(val_fraction=float(val_fraction), seed=int(seed))
         documents = loaded.documents[from_split[split]]
         text_splits[split] = TextSplit(split, documents, column, source, rows.get(split))
     return text_splits
+
+
+def _check_separator_applies(separator: str, name: str, separators: dict[str, str]) -> None:
+    """Refuse a separator other than "auto" for an input without .txt files: it cuts nothing."""
+    if separator != "auto" and not separators:
+        why = f"it cuts .txt files, and {name} holds none"
+        raise ValueError(f"--separator {separator}: {why}; leave the option out for this input")
 
 
 def _source_splits(names: Sequence[str], documents: dict[str, Any], dataset: str) -> dict:
@@ -135,14 +159,29 @@ def _source_splits(names: Sequence[str], documents: dict[str, Any], dataset: str
 
 
 def _check_first_rows(documents: Any, column: str, where: str) -> None:
-    """A split must hold documents, and its column text: read its first rows to know."""
-    first = next(_batches(documents, where), None)
+    """A split must hold documents, its column text, and a document that is not empty: read
+    its rows up to the first such one (the first, in any dataset worth tokenizing)."""
+    batches = _batches(documents, where)
+    first = next(batches, None)
     if first is None or first.num_rows == 0:
         raise ValueError(f"{where} has no documents")
     try:
         check_text_column(first.schema, column)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
+    n_read = 0
+    for batch in itertools.chain([first], batches):
+        cells = batch.column(column)
+        if cells.null_count:  # not text: iter_texts names the row
+            return
+        if any(_has_text(_document(text)) for text in cells.to_pylist()):
+            return
+        n_read += batch.num_rows
+    raise ValueError(f"{where}: {_all_empty(n_read)}")
+
+
+def _all_empty(n_read: int) -> str:
+    return f"its documents are all empty ({n_read:,} read, {n_read:,} empty); nothing to tokenize"
 
 
 def _carved_rows(
@@ -210,7 +249,7 @@ def resolve_dataset(dataset: str | os.PathLike | None) -> tuple[str, Path | None
     return name, None
 
 
-def _load_local(path: Path, column: str) -> Loaded:
+def _load_local(path: Path, column: str, separator: str = "auto") -> Loaded:
     """A save_to_disk folder, or data files streamed by prep_files on every run: never
     converted into a cache, so the input's hash always describes the text tokenized."""
     if any((path / marker).is_file() for marker in SAVED_MARKERS):
@@ -222,10 +261,14 @@ def _load_local(path: Path, column: str) -> Loaded:
     else:
         expected = f"expected one of {sorted(FILE_FORMATS)} (or {', '.join(OPENERS)})"
         raise ValueError(f"{path}: unsupported file type; {expected}")
+    every_file = [file for paths in files.values() for file in paths]
+    folder = path if path.is_dir() else path.parent
+    separators = txt_separators(every_file, separator, folder)  # read once, here: one note
     documents = {
-        split: functools.partial(read_documents, paths, column) for split, paths in files.items()
+        split: functools.partial(read_documents, paths, column, separators)
+        for split, paths in files.items()
     }
-    return Loaded(documents, files)
+    return Loaded(documents, files, separators)
 
 
 def _load_saved(path: Path) -> Loaded:
@@ -236,7 +279,7 @@ def _load_saved(path: Path) -> Loaded:
     else:
         documents = dict(saved)
     files = {split: [f["filename"] for f in ds.cache_files] for split, ds in documents.items()}
-    return Loaded(documents, files)
+    return Loaded(documents, files, {})
 
 
 def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
@@ -274,7 +317,7 @@ def _load_hub(name: str) -> Loaded:
             raise error from e
         raise
     files = {split: [f["filename"] for f in ds.cache_files] for split, ds in documents.items()}
-    return Loaded(documents, files)
+    return Loaded(documents, files, {})
 
 
 def _hub_unreachable(name: str, offline: bool) -> str:
@@ -292,8 +335,9 @@ def _hub_unreachable(name: str, offline: bool) -> str:
 
 # ---- The texts, in order ----------------------------------------------------------------------
 def iter_texts(split: TextSplit) -> Iterator[str]:
-    """Every document's text in order (only split.rows when set), a batch at a time."""
-    where = f"{split.source['dataset']} split {split.source.get('from_split', split.name)}"
+    """Every document's text in order (only split.rows when set), a batch at a time, without
+    a byte order mark at its start (`cat a.txt b.txt` leaves b's in the middle of the stream)."""
+    where = _where(split)
     rows = split.rows
     first = 0  # the row number of the batch's first row
     for batch in _batches(split.documents, where, [split.column]):
@@ -307,7 +351,8 @@ def iter_texts(split: TextSplit) -> Iterator[str]:
             hi = np.searchsorted(rows, first + len(cells))
             cells = cells.take(pa.array(rows[lo:hi] - first))
         first += batch.num_rows
-        yield from cells.to_pylist()
+        for text in cells.to_pylist():
+            yield _document(text)
     if rows is not None and len(rows) and rows[-1] >= first:
         changed = "fewer than when it was carved; did it change?"
         raise ValueError(f"{where} now holds {first} rows, {changed}")
@@ -317,10 +362,38 @@ def skip_empty_documents(texts: Iterable[str], skipped: SkipCount) -> Iterator[s
     """texts without the empty ones (no text, or only whitespace), counted in skipped: such a
     document would be its end-of-text token alone, which teaches a model nothing."""
     for text in texts:
-        if text and not text.isspace():
+        skipped.read_docs += 1
+        if _has_text(text):
             yield text
         else:
             skipped.empty_docs += 1
+
+
+def document_texts(split: TextSplit, skipped: SkipCount) -> Iterator[str]:
+    """iter_texts(split) without its empty documents, counted in skipped; a split with none left
+    is a ValueError naming it (a carve may draw only empty ones), not an empty token file."""
+    yield from skip_empty_documents(iter_texts(split), skipped)
+    if skipped.read_docs == skipped.empty_docs:
+        where = _where(split)
+        if split.rows is not None:
+            where += (
+                f" (the documents carved as {split.name}: try another --seed or --val-fraction)"
+            )
+        raise ValueError(f"{where}: {_all_empty(skipped.read_docs)}")
+
+
+def _has_text(text: str) -> bool:
+    return bool(text) and not text.isspace()
+
+
+def _document(text: str) -> str:
+    """A document's text without a byte order mark at its start, the one place it is not text."""
+    return text.removeprefix(BOM)
+
+
+def _where(split: TextSplit) -> str:
+    """The dataset and split a TextSplit reads, for an error message."""
+    return f"{split.source['dataset']} split {split.source.get('from_split', split.name)}"
 
 
 def _batches(documents: Any, where: str, columns: list[str] | None = None) -> Iterator[pa.Table]:

@@ -37,7 +37,7 @@ import tiktoken
 from tqdm import tqdm
 
 from npy_datasets import FORMAT_VERSION, token_dtype
-from prep_files import FILE_FORMATS, OPENERS
+from prep_files import FILE_FORMATS, OPENERS, SEPARATORS
 from prep_outputs import (
     NPY_HEADER_SIZE,
     PER_FILE,
@@ -80,11 +80,10 @@ from prep_sources import (
     SkipCount,
     TextSplit,
     carve_validation,
+    document_texts,
     hub_reachable,
-    iter_texts,
     load_text_splits,
     resolve_dataset,
-    skip_empty_documents,
 )
 from prep_tokenize import gpt2_encoding, load_encoding, tokenize_documents
 
@@ -108,7 +107,9 @@ __all__ = [
     "main",
 ]
 
-UNCHECKED = ("dataset", "out", "column", "encoding")  # checked where used: paths and names
+UNCHECKED = ("dataset", "out", "column", "encoding", "separator")  # checked where used
+SMALL_VALIDATION_WINDOWS = 10  # fewer windows than this make a validation loss mostly noise
+QUICKSTART_SEQ_LEN = 256  # the seq_len of quickstart.py and the notebooks
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,9 @@ class PreparedSplit:
             status = f"{count:,} shard{'s' if count != 1 else ''}, {status}"
         docs = f"{self.meta['n_docs']:,} docs"
         skipped = self.meta["source"].get("n_empty_docs_skipped", 0)
-        if skipped:
-            docs += f" ({skipped:,} empty skipped)"
+        if skipped:  # else every document read was written
+            read = self.meta["n_docs"] + skipped
+            docs += f" ({read:,} read, {skipped:,} empty skipped)"
         tokens = f"{self.meta['n_tokens']:,} tokens, {self.meta['dtype']}"
         return f"{self.split}: {docs}, {tokens} -> {self._shown_path()} ({status})"
 
@@ -223,7 +225,7 @@ def _write_split(
 ) -> list[dict[str, Any]]:
     """Tokenize split into output's files (shards: staged), then publish them with sidecars."""
     skipped = SkipCount()
-    texts = skip_empty_documents(iter_texts(split), skipped)
+    texts = document_texts(split, skipped)
     placement = output.settings["eot_placement"]
     chunks = tokenize_documents(
         texts, enc, num_threads=num_threads, chunk_docs=chunk_docs, eot_placement=placement
@@ -232,7 +234,11 @@ def _write_split(
         len(split.rows) if split.rows is not None else getattr(split.documents, "num_rows", None)
     )
     bar = tqdm(total=total, desc=split.name, unit="doc", file=sys.stderr, disable=not progress)
-    count = DocumentCount(enc.eot_token, bar.update)
+
+    def show_read(written: int) -> None:  # total counts rows read, the empty ones too: so does this
+        bar.update(skipped.read_docs - bar.n)
+
+    count = DocumentCount(enc.eot_token, show_read)
     staging = make_staging_folder(output.folder, split.name) if output.sharded else None
     try:
         with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails
@@ -275,10 +281,12 @@ def prepare(
     progress: bool = True,
     shard_tokens: int | None = None,
     eot_placement: str = EOT_PLACEMENT,
+    separator: str = "auto",
 ) -> list[PreparedSplit]:
     """Tokenize every requested split of dataset (None: the bundled sample) into out (None:
     data/<name>). shard_tokens: shards of that many tokens (see prepare_split). encoding "gpt2"
-    comes from the bundled files, another from tiktoken (see load_encoding)."""
+    comes from the bundled files, another from tiktoken (see load_encoding). separator: how a
+    .txt is cut into documents (load_text_splits)."""
     check_prep_arguments(
         splits=splits,
         val_fraction=val_fraction,
@@ -295,7 +303,7 @@ def prepare(
     out = Path(out) if out is not None else _default_out_dir(name, path)
     _check_out_dir(out, path)
     enc = load_encoding(encoding)
-    text_splits = load_text_splits(dataset, column, splits, val_fraction, seed)
+    text_splits = load_text_splits(dataset, column, splits, val_fraction, seed, separator)
     options = {
         "layout": layout,
         "num_threads": num_threads,
@@ -371,9 +379,16 @@ def _parser() -> argparse.ArgumentParser:
 def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dataset",
-        help=f"Hub name or local folder/file; default: {SAMPLE_DATASET}. A .txt with lines of "
-        "only <|endoftext|> (TinyStoriesV2-GPT4-train.txt) holds the stories between them; "
-        "without one, a document per line. Empty documents are skipped and counted",
+        help=f"Hub name or local folder/file; default: {SAMPLE_DATASET}. A .txt is cut into "
+        "documents by --separator. Empty documents are skipped and counted",
+    )
+    parser.add_argument(
+        "--separator",
+        choices=SEPARATORS,
+        default="auto",
+        help="how a .txt holds its documents: endoftext, between lines of only <|endoftext|> "
+        "(TinyStoriesV2-GPT4-train.txt); line, one a line; blank-line, paragraphs between blank "
+        "lines. auto (default): endoftext if the file has such a line, else line",
     )
     parser.add_argument("--column", default="text", help="column holding the text (default: text)")
     parser.add_argument(
@@ -446,6 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     note = _carve_note(results)
     if note is not None:
         print(note)
+    warning = _small_validation_warning(results)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     return 0
 
 
@@ -465,6 +483,26 @@ def _carve_note(results: list[PreparedSplit]) -> str | None:
     settings = f"--val-fraction {source['val_fraction']}, --seed {source['seed']}"
     left_out = f"leaves out the documents carved off as validation ({settings})"
     return f"note: {source['split']} {left_out}; add validation to --splits to write them"
+
+
+def _small_validation_warning(results: list[PreparedSplit]) -> str | None:
+    """A line when validation holds fewer than SMALL_VALIDATION_WINDOWS windows of the quick
+    start's seq_len: its tokens, train's, and --val-fraction when it was carved."""
+    tokens = {r.split: r.meta["n_tokens"] for r in results}
+    validation = next((name for name in VALIDATION_NAMES if name in tokens), None)
+    need = SMALL_VALIDATION_WINDOWS * QUICKSTART_SEQ_LEN + 1
+    if validation is None or tokens[validation] >= need:
+        return None
+    counts = f"{validation} holds {tokens[validation]:,} tokens"
+    if "train" in tokens:
+        counts += f", train {tokens['train']:,}"
+    few = f"fewer than {SMALL_VALIDATION_WINDOWS} windows of {QUICKSTART_SEQ_LEN} ({need:,} tokens)"
+    source = next(r.meta["source"] for r in results if r.split == validation)
+    if "val_fraction" in source:
+        fix = f"raise --val-fraction (now {source['val_fraction']}) to carve more of train"
+    else:
+        fix = "its loss will be noisy; a larger validation split fixes it"
+    return f"warning: {counts}: {few}; {fix}"
 
 
 if __name__ == "__main__":

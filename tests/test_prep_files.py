@@ -12,6 +12,7 @@ import datasets
 import numpy as np
 import pytest
 
+import prep_files
 import prepare_tokens as pt
 from conftest import EOT, MANY, decoded, make_dataset, prepare, write_jsonl
 from npy_datasets import read_sidecar
@@ -135,8 +136,8 @@ def test_item_85_txt_bom_and_empty_documents_are_skipped_and_counted(tmp_path, e
     assert decoded(tmp_path / "out" / "train.npy", enc) == [separated[0], separated[3]]
     assert decoded(tmp_path / "out" / "validation.npy", enc) == ["one", "two", "three"]
     lines = capsys.readouterr().out.splitlines()
-    assert re.match(r"train: 2 docs \(2 empty skipped\), \d+ tokens", lines[0]), lines
-    assert re.match(r"validation: 3 docs \(2 empty skipped\), \d+ tokens", lines[1]), lines
+    assert re.match(r"train: 2 docs \(4 read, 2 empty skipped\), \d+ tokens", lines[0]), lines
+    assert re.match(r"validation: 3 docs \(5 read, 2 empty skipped\), \d+ tokens", lines[1]), lines
     for split, skipped in (("train", 2), ("validation", 2)):
         meta = read_sidecar(tmp_path / "out" / f"{split}.npy")
         assert meta["source"]["n_empty_docs_skipped"] == skipped
@@ -146,4 +147,87 @@ def test_item_85_txt_bom_and_empty_documents_are_skipped_and_counted(tmp_path, e
     split = pt.TextSplit("train", in_memory, "text", {"dataset": "inline", "split": "train"})
     result = pt.prepare_split(split, tmp_path / "mem", enc, num_threads=1, progress=False)
     assert result.meta["n_docs"] == 2 and result.meta["source"]["n_empty_docs_skipped"] == 2
-    assert result.summary().startswith("train: 2 docs (2 empty skipped), ")
+    assert result.summary().startswith("train: 2 docs (4 read, 2 empty skipped), ")
+
+
+# --- your own text: a .txt in three forms, cut by --separator -----------------------------------
+
+PARAGRAPHS = [
+    "Once upon a time, Tom had a red ball.\nHe threw it over the fence.",
+    "Lily found the ball.\nShe gave it back.\nTom said thank you.",
+    "A story of one line.",
+    "A cat sat on a mat.\r\nIt slept all day.",  # a Windows line break inside stays
+]
+
+
+def test_separator_reads_each_form_of_a_txt_and_is_a_setting(tmp_path, enc, capsys):
+    forms = {
+        "endoftext": "".join(f"{text}\n<|endoftext|>\n" for text in PARAGRAPHS),
+        "line": "".join(text.replace("\r\n", " ").replace("\n", " ") + "\n" for text in PARAGRAPHS),
+        "blank-line": "\n\n  \n".join(PARAGRAPHS) + "\n\n",  # a run of blank lines is one break
+    }
+    expected = {
+        "endoftext": PARAGRAPHS,
+        "line": [text.replace("\r\n", " ").replace("\n", " ") for text in PARAGRAPHS],
+        "blank-line": PARAGRAPHS,
+    }
+    for separator, body in forms.items():
+        folder = tmp_path / separator
+        folder.mkdir()
+        (folder / "train.txt").write_bytes(body.encode())
+        (folder / "validation.txt").write_bytes(body.encode())
+        out = tmp_path / f"out_{separator}"
+        argv = ["--dataset", str(folder), "--out", str(out), "--separator", separator]
+        assert pt.main(argv) == 0
+        for split in ("train", "validation"):
+            assert decoded(out / f"{split}.npy", enc) == expected[separator], separator
+            assert read_sidecar(out / f"{split}.npy")["source"]["separator"] == separator
+        assert "note:" not in capsys.readouterr().err  # the option was named: no note
+
+    folder = tmp_path / "blank-line"  # read as the default, auto: a document per line, one note
+    results = prepare(folder, tmp_path / "out_blank-line")
+    assert all(result.written for result in results.values())  # another setting: rewritten
+    lines = [line for text in PARAGRAPHS for line in text.split("\n")]
+    assert decoded(tmp_path / "out_blank-line" / "train.npy", enc) == [
+        line.removesuffix("\r") for line in lines
+    ]
+    assert results["train"].meta["source"]["separator"] == "auto"
+    notes = capsys.readouterr().err.splitlines()
+    assert len(notes) == 1, notes  # once, though each file is read more than once
+    assert notes[0].startswith("note: train.txt, validation.txt look blank-line separated")
+    assert "--separator blank-line" in notes[0] and "--separator line" in notes[0]
+
+    write_jsonl(tmp_path / "json" / "train.jsonl", [{"text": "a"}, {"text": "b"}])
+    message = cli_error(tmp_path, tmp_path / "json", "--separator", "blank-line")
+    assert "--separator blank-line: it cuts .txt files" in message and "holds none" in message
+    with pytest.raises(ValueError, match="separator must be one of auto, endoftext, line"):
+        prepare(folder, tmp_path / "out", separator="paragraph")
+
+
+def test_a_txt_of_a_document_a_line_with_a_few_empty_lines_gets_no_note(tmp_path, capsys):
+    texts = [f"Story {i}: the dog ran to the park." for i in range(60)]
+    texts[20] = texts[41] = ""  # two empty documents among sixty: not paragraphs
+    (tmp_path / "stories.txt").write_text("\n".join(texts) + "\n")
+    results = prepare(tmp_path / "stories.txt", tmp_path / "out", splits=["train", "validation"])
+    n_docs = sum(result.meta["n_docs"] for result in results.values())
+    skipped = sum(result.meta["source"]["n_empty_docs_skipped"] for result in results.values())
+    assert (n_docs, skipped) == (58, 2)
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_a_categorical_parquet_text_column_is_read_as_text(tmp_path, enc):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["a red ball", "a blue ball", "a red ball", "the end"]
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    column = pa.array(texts).dictionary_encode()  # pandas' "category" dtype is stored this way
+    pq.write_table(pa.table({"text": column}), folder / "train.parquet")
+    pq.write_table(pa.table({"text": column}), folder / "validation.parquet")
+    assert pa.types.is_dictionary(pq.read_schema(folder / "train.parquet").field("text").type)
+    prepare(folder, tmp_path / "out")
+    assert decoded(tmp_path / "out" / "train.npy", enc) == texts
+    numbers = pa.schema([("text", pa.dictionary(pa.int32(), pa.int64()))])  # categories of ints
+    with pytest.raises(ValueError, match=r"column 'text' holds dictionary<values=int64.*not text"):
+        prep_files.check_text_column(numbers, "text")

@@ -130,9 +130,30 @@ def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(
     )
     assert decoded(tmp_path / "out" / "train.npy", enc) == [line for line in lines if line]
     assert (
-        "lines of only <|endoftext|> (TinyStoriesV2-GPT4-train.txt) holds the stories"
+        "endoftext, between lines of only <|endoftext|> (TinyStoriesV2-GPT4-train.txt)"
         in " ".join(pt._parser().format_help().split())
     )  # the rule, in --help
+
+
+def test_a_byte_order_mark_is_dropped_at_the_start_of_each_document_and_only_there(tmp_path, enc):
+    bom = "\ufeff"
+    a = f"{bom}First story.\n<|endoftext|>\nSecond story.\n<|endoftext|>\n"
+    b = f"{bom}Third story, {bom}with one inside.\n<|endoftext|>\n"
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "train.txt").write_text(a + b)  # cat a.txt b.txt: b's mark is mid-stream
+    (folder / "validation.txt").write_text(f"{bom}one\n{bom}two\nthree{bom}\n")  # a line each
+    prepare(folder, tmp_path / "out")
+    assert decoded(tmp_path / "out" / "train.npy", enc) == [
+        "First story.",
+        "Second story.",
+        f"Third story, {bom}with one inside.",
+    ]
+    assert decoded(tmp_path / "out" / "validation.npy", enc) == ["one", "two", f"three{bom}"]
+    jsonl = make_dataset(tmp_path / "json", [f"{bom}x", f"y{bom}", bom], ["v"])  # bom: empty
+    result = prepare(jsonl, tmp_path / "json_out")["train"]
+    assert decoded(result.path, enc) == ["x", f"y{bom}"]
+    assert result.meta["source"]["n_empty_docs_skipped"] == 1
 
 
 def test_item_35_hostile_text(tmp_path):
