@@ -391,6 +391,8 @@ CATALOGUE = [
     ),
     Item(85, "prep", "a byte order mark, empty and whitespace-only documents").tried_by(
         PREP_FILES + "test_item_85_txt_bom_and_empty_documents_are_skipped_and_counted",
+        TOKENIZE + "test_a_byte_order_mark_is_dropped_at_the_start_of_each_document_and_only_there",
+        PREP_INPUTS + "test_an_input_of_empty_documents_is_one_line_naming_it_and_the_counts",
         differs="an empty document is skipped and counted (source.n_empty_docs_skipped), not "
         "written as a lone end-of-text token as nanoGPT's prepare.py writes it",
     ),
