@@ -111,8 +111,9 @@ def write_tokens(
     dtype = _token_dtype(dtype, "the dtype argument")
     if n_vocab - 1 > np.iinfo(dtype).max:
         raise ValueError(f"n_vocab={n_vocab:,} has ids that {dtype.name} cannot hold")
-    try:  # numpy's numbers become Python's; what JSON cannot hold is refused before any write
-        fields = json.loads(json.dumps(fields, allow_nan=False, default=_python_number))
+    fields = {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}
+    try:  # (ids == eot).sum() is a numpy int, now an int; what JSON cannot hold is refused
+        fields = json.loads(json.dumps(fields, allow_nan=False))
     except (TypeError, ValueError) as error:
         raise TypeError(f"{str(path)!r}: a sidecar field is not JSON ({error}); nothing written")
     fields = {"eot_placement": "prepend", **fields, "tokenizer": tokenizer}
@@ -120,12 +121,6 @@ def write_tokens(
     if header is None:  # raw ids in a .bin, as nanoGPT's train.bin
         header = (lambda dtype, shape: b"") if path.suffix == ".bin" else _npy_header
     return _write_atomically(path, ids, dtype, n_vocab, header, fields)
-
-
-def _python_number(value: Any) -> int | float:
-    if isinstance(value, (np.integer, np.floating)):  # (ids == eot).sum() is a numpy int
-        return value.item()
-    raise TypeError(f"{type(value).__name__} {value!r:.40} is not JSON")
 
 
 def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -388,7 +383,6 @@ def _memmap(file: TokenFile) -> np.memmap:
 
 
 def _descriptors() -> tuple[int | None, int]:
-    """This process's open-file limit (None for none) and the descriptors it has open."""
     try:
         import resource  # Unix only
 
@@ -400,7 +394,6 @@ def _descriptors() -> tuple[int | None, int]:
 
 
 def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
-    """Refuse value unless it is an int (a numpy int too, a bool never) from low to high."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
     if not low <= value <= high:
@@ -446,8 +439,9 @@ class NpyTokensDataset:
         self._row_len = shapes[:, 1]  # tokens of each file's rows (sequences)
         self._windows_per_row = (self._row_len - 1) // self.seq_len
         self._starts_per_row = np.maximum(self._row_len - self.seq_len, 0)  # random starts
-        self._window_bounds = _bounds(shapes[:, 0] * self._windows_per_row)
-        self._start_bounds = _bounds(shapes[:, 0] * self._starts_per_row)
+        # [0, c0, c0 + c1, ...]: window k is in the file f with bounds[f] <= k < bounds[f + 1]
+        self._window_bounds = np.concatenate(([0], np.cumsum(shapes[:, 0] * self._windows_per_row)))
+        self._start_bounds = np.concatenate(([0], np.cumsum(shapes[:, 0] * self._starts_per_row)))
         if self._window_bounds[-1] == 0:
             need = f"{self._row_len.max()} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
             fix = "use a smaller seq_len, or prepare with a larger --val-fraction"
@@ -457,8 +451,7 @@ class NpyTokensDataset:
         self.num_samples = int(self._window_bounds[-1] if num_samples is None else num_samples)
         self._one_flat_file = len(self.files) == 1 and len(self.files[0].shape) == 1
         self._maps: dict[int, np.ndarray] = {}  # file -> its windows, least recently used first
-        self._pid = os.getpid()  # the process whose maps those are
-        self._max_maps = _map_cap()
+        self._pid = None  # the process whose maps those are: each maps files of its own
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_maps": {}}  # never pickle mapped data: workers map their own
@@ -546,10 +539,12 @@ class NpyTokensDataset:
             same = False
         if not same:
             raise TokenFileError(f"{file.path!r} changed since the dataset opened it: open it anew")
-        if self._pid != os.getpid():  # a forked DataLoader worker: it maps files of its own
-            self._maps = {}  # the maps it inherited go, and their descriptors
+        if self._pid != os.getpid():  # a new process, a DataLoader worker say: maps of its own
+            self._maps = {}  # the maps a forked worker inherited go, and their descriptors
             self._pid = os.getpid()
-            self._max_maps = _map_cap()
+            limit, in_use = _descriptors()  # keep half of those free after DataLoader's own
+            free = MAX_OPEN_FILES if limit is None else (limit - in_use - LOADER_DESCRIPTORS) // 2
+            self._max_maps = max(1, min(MAX_OPEN_FILES, free))
         windows = self._maps.pop(f, None)  # put back last: the most recently used goes last
         while windows is None and len(self._maps) >= self._max_maps:
             del self._maps[next(iter(self._maps))]  # the least recently used map, and its file
@@ -584,20 +579,6 @@ def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
     named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
     if len(named) > 1:
         raise TokenFileError(f"files of one dataset need one tokenizer; these differ: {named}")
-
-
-def _map_cap() -> int:
-    """How many files this process keeps mapped: MAX_OPEN_FILES, or half the descriptors free
-    after DataLoader's own where that is less (a worker hands each batch over in some)."""
-    limit, in_use = _descriptors()
-    if limit is None:
-        return MAX_OPEN_FILES
-    return max(1, min(MAX_OPEN_FILES, (limit - in_use - LOADER_DESCRIPTORS) // 2))
-
-
-def _bounds(counts: np.ndarray) -> np.ndarray:
-    """[0, c0, c0 + c1, ...]: item k belongs to the f with bounds[f] <= k < bounds[f + 1]."""
-    return np.concatenate(([0], np.cumsum(counts)))
 
 
 def _splitmix64(x: Any) -> Any:
@@ -654,10 +635,7 @@ class EpochSampler:
         if (world_size is None) != (rank is None):
             raise ValueError(f"pass both world_size and rank, or neither: {world_size}, {rank}")
         if world_size is None:  # torch.distributed's, or one process
-            import torch.distributed as dist
-
-            on = dist.is_available() and dist.is_initialized()
-            world_size, rank = (dist.get_world_size(), dist.get_rank()) if on else (1, 0)
+            world_size, rank = _distributed_world()
         _check_int("world_size", world_size, 1)
         _check_int("rank", rank, 0, world_size - 1)
         self.num_samples = len(data_source)
@@ -675,16 +653,10 @@ class EpochSampler:
         fingerprint = getattr(data_source, "fingerprint", None)  # a dataset's files and settings
         self._fingerprint = None if fingerprint is None else fingerprint()
         if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory
-            fewer = 'for mode="random", a smaller num_samples and more epochs'
-            raise ValueError(
-                f"EpochSampler takes 1 to 2**31 windows, not {self.num_samples:,}: {fewer}"
-            )
+            raise ValueError(f"{self.num_samples:,} windows: an epoch takes 1 to 2**31 windows")
         if len(self) == 0:
-            share = f"{self._share(self.num_samples)} of {self.num_samples} windows"
-            fix = "a smaller batch_size, fewer ranks or a shorter seq_len"
-            raise ValueError(
-                f"batch_size={batch_size} leaves no batch of each rank's {share}: use {fix}"
-            )
+            share = f"{self._share(self.num_samples)} windows a rank: lower batch_size or ranks"
+            raise ValueError(f"batch_size={batch_size} leaves no whole batch of {share}")
 
     @property
     def epoch(self) -> int:
@@ -692,7 +664,6 @@ class EpochSampler:
         return self._next_pass()[0]
 
     def _finished(self) -> bool:
-        """Whether the latest pass has handed out all its batches."""
         return self._latest is not None and self._latest.handed == self._latest.items
 
     def _next_pass(self) -> tuple[int, int]:
@@ -720,7 +691,6 @@ class EpochSampler:
         return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
 
     def _share(self, n: int) -> int:
-        """How many of n items in order this rank takes."""
         return n // self.world_size if self.remainder == "drop" else -(-n // self.world_size)
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
@@ -788,6 +758,15 @@ class EpochSampler:
         self._latest = None
 
 
+def _distributed_world() -> tuple[int, int]:
+    """(world_size, rank) of torch.distributed, or (1, 0) outside it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
 # ---- 4. Loaders and the device -----------------------------------------------------------------
 
 
@@ -810,20 +789,17 @@ def make_dataloaders(
     import torch
     from torch.utils.data import DataLoader
 
-    for name, ds in (("train", train), ("val", val)):
-        if not isinstance(ds, NpyTokensDataset) and not (name == "val" and ds is None):
-            raise TypeError(f"{name} must be an NpyTokensDataset, got {type(ds).__name__}")
+    if not isinstance(train, NpyTokensDataset) or not isinstance(
+        val, (NpyTokensDataset, type(None))
+    ):
+        found = f"{type(train).__name__} and {type(val).__name__}"
+        raise TypeError(f"train and val (or None) must be NpyTokensDatasets, got {found}")
     _check_int("num_workers", num_workers, 0)
     _check_int("prefetch_factor", prefetch_factor, 1)
     if pin_memory not in (None, True, False):
         raise TypeError(f"pin_memory must be True, False or None, got {pin_memory!r}")
-    limit, in_use = _descriptors()
-    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * num_workers * prefetch_factor
-    if num_workers and limit is not None and limit - in_use < needed:  # else workers may hang
-        fix = f"raise it (ulimit -n {max(4096, 2 * (in_use + needed))}) or use num_workers=0"
-        raise ValueError(
-            f"{num_workers} workers need {needed} free descriptors, {in_use} of {limit} used: {fix}"
-        )
+    if num_workers:  # else workers may hang
+        _check_descriptors_for_workers(num_workers, prefetch_factor)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         val_fingerprint = None if val is None else val.fingerprint()
         fingerprints = {"train": train.fingerprint(), "val": val_fingerprint}
@@ -841,6 +817,18 @@ def make_dataloaders(
         return train_loader, None
     sampler = EpochSampler(val, shuffle=False, remainder="pad", **common)
     return train_loader, DataLoader(val, sampler=sampler, pin_memory=pin, **options)
+
+
+def _check_descriptors_for_workers(num_workers: int, prefetch_factor: int) -> None:
+    """Workers hand each batch over through shared memory, a descriptor a tensor: under a low
+    open-file limit they fail or hang, so refuse at once, naming the limit."""
+    limit, in_use = _descriptors()
+    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * num_workers * prefetch_factor
+    if limit is not None and limit - in_use < needed:
+        fix = f"raise it (ulimit -n {max(4096, 2 * (in_use + needed))}) or use num_workers=0"
+        raise ValueError(
+            f"{num_workers} workers need {needed} free descriptors, {in_use} of {limit} used: {fix}"
+        )
 
 
 def _check_pinning() -> None:

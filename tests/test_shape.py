@@ -1,31 +1,29 @@
 """The shape of npy_datasets.py as a reader meets it, measured on the file as ruff formats it.
 
-A reference reads one idea a line: no function longer than a screen, no walrus, no state packed
-into positional tuples, and the path that valid input takes free of refusals (they live in the
-module's last section, "Checks", one checker per kind of input).
+A file people copy reads one idea a line: no function longer than a screen, no walrus, no state
+packed into positional tuples, few records, a short public surface, numpy reading `.npy`, and each
+private helper near the one place that calls it.
 """
 
 import ast
+import re
 
 from conftest import ROOT
 
 MODULE = ROOT / "python_files" / "npy_datasets.py"
-MAX_LINES = 1_385  # the honest size with every tested behaviour: see docs/maintainers.md
+MAX_LINES = 800  # issue 25: a file a copier holds up as a model
 MAX_FUNCTION_LINES = 50
-MAIN_PATH = {  # what valid input runs through: no `raise` in these
-    "NpyTokensDataset.__init__",
-    "NpyTokensDataset.locate",
-    "NpyTokensDataset._gather",
-    "EpochSampler.__init__",
-    "EpochSampler.order",
-    "EpochSampler.__iter__",
-    "make_dataloaders",
-}
+MAX_RECORDS = 3  # NamedTuple or dataclass classes
+MAX_PUBLIC = 10  # names in __all__
+NEAR = 150  # lines between a private helper with one caller and that caller
+
+SOURCE = MODULE.read_text(encoding="utf-8")
+TREE = ast.parse(SOURCE)
 
 
-def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+def _functions() -> dict[str, ast.FunctionDef]:
     found = {}
-    for node in tree.body:
+    for node in TREE.body:
         if isinstance(node, ast.FunctionDef):
             found[node.name] = node
         elif isinstance(node, ast.ClassDef):
@@ -35,22 +33,20 @@ def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
     return found
 
 
-TREE = ast.parse(MODULE.read_text(encoding="utf-8"))
-FUNCTIONS = _functions(TREE)
-
-
-def test_the_module_is_at_most_its_honest_size():
-    lines = len(MODULE.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"npy_datasets.py has {lines} lines (formatted), over {MAX_LINES}"
+def test_the_module_is_at_most_800_lines_as_formatted():
+    # tests/test_style.py runs `ruff format --check` on this file, so this is the formatted size.
+    lines = len(SOURCE.splitlines())
+    assert lines <= MAX_LINES, f"npy_datasets.py has {lines} lines, over {MAX_LINES}"
 
 
 def test_no_function_is_longer_than_fifty_lines():
+    functions = _functions()
     long = {
         name: node.end_lineno - node.lineno + 1
-        for name, node in FUNCTIONS.items()
+        for name, node in functions.items()
         if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     }
-    assert len(FUNCTIONS) > 40 and not long, long
+    assert len(functions) > 20 and not long, long
 
 
 def test_no_walrus_and_no_state_packed_into_a_tuple():
@@ -67,12 +63,51 @@ def test_no_walrus_and_no_state_packed_into_a_tuple():
     assert not walrus and not packed, {"walrus": walrus, "packed state": packed}
 
 
-def test_the_main_path_holds_no_raise():
-    assert MAIN_PATH <= set(FUNCTIONS), MAIN_PATH - set(FUNCTIONS)
-    raising = {
-        name: [node.lineno for node in ast.walk(FUNCTIONS[name]) if isinstance(node, ast.Raise)]
-        for name in MAIN_PATH
+def test_at_most_three_records_and_ten_public_names():
+    records = [
+        node.name
+        for node in TREE.body
+        if isinstance(node, ast.ClassDef)
+        and (
+            any(isinstance(b, ast.Name) and b.id == "NamedTuple" for b in node.bases)
+            or any(ast.unparse(d).startswith("dataclass") for d in node.decorator_list)
+        )
+    ]
+    exported = next(
+        node.value
+        for node in TREE.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__"
+    )
+    public = ast.literal_eval(exported)
+    assert 1 <= len(records) <= MAX_RECORDS, records
+    assert len(public) <= MAX_PUBLIC, public
+    defined = {node.name for node in TREE.body if hasattr(node, "name")}
+    defined |= {ast.unparse(t) for n in TREE.body if isinstance(n, ast.Assign) for t in n.targets}
+    assert set(public) <= defined, set(public) - defined
+
+
+def test_numpy_reads_the_npy_header():
+    # A hand parser of the header parsed its dict with ast.literal_eval; numpy owns the format.
+    assert "np.load(" in SOURCE and "mmap_mode" in SOURCE
+    assert not re.search(r"\bimport ast\b|literal_eval|read_array_header", SOURCE)
+
+
+def test_each_private_helper_sits_near_its_one_caller():
+    """A helper called from one place is defined within NEAR lines of that place."""
+    defined = {node.name: node.lineno for node in TREE.body if isinstance(node, ast.FunctionDef)}
+    defined |= {
+        name.split(".")[1]: node.lineno for name, node in _functions().items() if "." in name
     }
-    assert not any(raising.values()), raising
-    checkers = [name for name in FUNCTIONS if name.startswith("_check")]
-    assert len(checkers) > 20  # the refusals live there
+    calls: dict[str, list[int]] = {}
+    for node in ast.walk(TREE):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name in defined and name.startswith("_") and not name.startswith("__"):
+                calls.setdefault(name, []).append(node.lineno)
+    far = {
+        name: (defined[name], lines[0])
+        for name, lines in calls.items()
+        if len(lines) == 1 and abs(defined[name] - lines[0]) > NEAR
+    }
+    assert calls and not far, f"helper: (defined at, called at) {far}"
