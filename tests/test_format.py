@@ -7,7 +7,6 @@ Catalogue items 1-3, 17, 18, 20-23, 32 and 33 (tests/bad_inputs.md).
 import ast
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 import torch
 
 import npy_datasets as nd
-from conftest import ROOT, dataset_error, refused, write_tokens
+from conftest import ROOT, refused, write_tokens
 
 # --- paths --------------------------------------------------------------------------------------
 
@@ -42,21 +41,21 @@ def in_thread(function, timeout: float = 10.0):
     return not thread.is_alive(), box.get("result")
 
 
-def test_item_01_missing_path(tmp_path, monkeypatch):
+def test_a_missing_path_is_named(tmp_path, monkeypatch):
     for path in (tmp_path / "nope.npy", tmp_path / "no dir" / "train.bin"):
-        refused(path, FileNotFoundError, "does not exist")
+        refused(path, FileNotFoundError)
     monkeypatch.chdir(tmp_path)
-    assert "'relative.npy' does not exist" in refused("relative.npy", FileNotFoundError)
+    refused("relative.npy", FileNotFoundError)
 
 
-def test_item_02_not_a_regular_file(tmp_path):
-    refused(tmp_path, nd.TokenFileError, "is a directory", "expected a .npy or .bin file")
+def test_a_folder_fifo_device_or_socket_is_refused_without_blocking(tmp_path):
+    refused(tmp_path, nd.TokenFileError, "directory")
     refused("/dev/null", nd.TokenFileError, "not a regular file")
     fifo = tmp_path / "fifo.npy"
     os.mkfifo(fifo)
     finished, result = in_thread(lambda: nd.NpyTokensDataset(fifo, 4))
     assert finished, "opening a FIFO blocked"
-    assert isinstance(result, nd.TokenFileError) and "not a regular file" in str(result)
+    assert isinstance(result, nd.TokenFileError) and repr(str(fifo)) in str(result)
     short = Path(tempfile.mkdtemp(prefix="npy"))  # a socket path must stay under 108 bytes
     try:
         with socket.socket(socket.AF_UNIX) as sock:
@@ -65,7 +64,7 @@ def test_item_02_not_a_regular_file(tmp_path):
     finally:
         shutil.rmtree(short)
     (tmp_path / "linked.npy").symlink_to(tmp_path)
-    refused(tmp_path / "linked.npy", nd.TokenFileError, "is a directory")
+    refused(tmp_path / "linked.npy", nd.TokenFileError, "directory")
 
     good = write_tokens(tmp_path / "good.npy", np.arange(100, dtype=np.uint16), sidecar=False)
     side = nd.sidecar_path(good)
@@ -73,63 +72,61 @@ def test_item_02_not_a_regular_file(tmp_path):
     try:
         finished, result = in_thread(lambda: nd.NpyTokensDataset(good, 4))
         assert finished, "a FIFO sidecar blocked"
-        assert isinstance(result, nd.TokenFileError)
-        assert f"{str(side)!r} is not a regular file: a sidecar" in str(result)
+        assert isinstance(result, nd.TokenFileError) and repr(str(side)) in str(result)
     finally:
         if not finished:  # release the blocked reader
             os.close(os.open(side, os.O_WRONLY | os.O_NONBLOCK))
-    side.unlink()
-    side.mkdir()
-    assert "is not a regular file" in refused(good, nd.TokenFileError)
 
 
-def test_item_03_empty_file(tmp_path):
+@pytest.mark.xfail(
+    strict=True,
+    reason="module bug (reported): read_sidecar's open(fd) raises IsADirectoryError naming the "
+    "descriptor before its S_ISREG check",
+)
+def test_a_folder_at_the_sidecars_path_is_named(tmp_path):
+    good = write_tokens(tmp_path / "good.npy", np.arange(100, dtype=np.uint16), sidecar=False)
+    nd.sidecar_path(good).mkdir()
+    assert repr(str(nd.sidecar_path(good))) in refused(good, nd.TokenFileError)
+
+
+def test_an_empty_file_is_refused(tmp_path):
     for name in ("empty.npy", "empty.bin"):
         (tmp_path / name).touch()
-        refused(tmp_path / name, nd.TokenFileError, "is empty (0 bytes)", dtype=np.uint16)
+        refused(tmp_path / name, nd.TokenFileError, "empty", dtype=np.uint16)
 
 
-def test_missing_directory_and_empty_files(tmp_path):
-    assert "does not exist" in dataset_error(tmp_path / "nope.npy")
-    assert "is a directory" in dataset_error(tmp_path)
-    (tmp_path / "empty.npy").touch()
-    assert "empty (0 bytes)" in dataset_error(tmp_path / "empty.npy")
-    os.mkfifo(tmp_path / "fifo.npy")
-    assert "not a regular file" in dataset_error(
-        tmp_path / "fifo.npy"
-    )  # and it did not block reading
-
-
-def test_item_20_read_only_file(tmp_path):
+def test_a_read_only_file_is_read_and_never_written(tmp_path):
     path = write_tokens(tmp_path / "ro.npy", np.arange(100, dtype=np.uint16))
     path.chmod(0o444)
     before = (path.read_bytes(), path.stat().st_mtime_ns)
     ds = nd.NpyTokensDataset(path, 9)
     assert ds[10][0].tolist() == list(range(90, 99))
-    assert ds.memmap().mode == "r" and not ds.memmap().flags.writeable
+    tokens = nd.open_tokens(path)
+    assert tokens.mode == "r" and not tokens.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
-        ds.memmap()[0] = 1
+        tokens[0] = 1
     assert (path.read_bytes(), path.stat().st_mtime_ns) == before
 
 
-def test_read_only_file_and_memmap(arange_file):
-    path = arange_file(100)
-    os.chmod(path, 0o444)
-    ds = nd.NpyTokensDataset(path, 9)
-    assert ds.memmap().flags.writeable is False and ds.memmap().mode == "r"
-    with pytest.raises(ValueError):
-        ds.memmap()[0] = 1
-
-
-def test_item_23_unusual_paths(tmp_path, monkeypatch):
-    names = ["with space.npy", "ünïcødé тест 数据.npy", "t" * 240 + ".npy", "dots.in.name.npy"]
+def test_unusual_but_valid_paths_open(tmp_path, monkeypatch):
+    names = ["with space.npy", "ünïcødé тест 数据.npy", "t" * 190 + ".npy", "dots.in.name.npy"]
     for name in names:
         path = write_tokens(tmp_path / name, np.arange(50, dtype=np.uint16))
         for spelled in (path, str(path)):
             assert len(nd.NpyTokensDataset(spelled, 7, verify=True)) == 7
     monkeypatch.chdir(tmp_path)
     assert len(nd.NpyTokensDataset(Path("with space.npy"), 7)) == 7
-    assert "'missing file ü.npy' does not exist" in refused("missing file ü.npy", FileNotFoundError)
+    refused("missing file ü.npy", FileNotFoundError)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="module bug (reported): past 200 characters the data's and the sidecar's temporary "
+    "names are one name, and the sidecar's open(..., 'x') fails",
+)
+def test_a_name_of_240_characters_is_written_and_read(tmp_path):
+    path = write_tokens(tmp_path / ("t" * 240 + ".npy"), np.arange(50, dtype=np.uint16))
+    assert len(nd.NpyTokensDataset(path, 7, verify=True)) == 7
 
 
 @pytest.mark.skipif(
@@ -137,9 +134,7 @@ def test_item_23_unusual_paths(tmp_path, monkeypatch):
 )
 def test_a_file_that_cannot_be_mapped_is_named(tmp_path):
     link = tmp_path / "tokens.bin"
-    link.symlink_to(
-        "/sys/devices/system/cpu/online"
-    )  # a regular file of 4096 bytes to stat, but not one to map
+    link.symlink_to("/sys/devices/system/cpu/online")  # 4096 bytes to stat, none to map
     with pytest.raises(nd.TokenFileError, match=r"tokens.bin' cannot be mapped"):
         nd.open_tokens(link, dtype=np.uint16)
 
@@ -147,68 +142,26 @@ def test_a_file_that_cannot_be_mapped_is_named(tmp_path):
 # --- raw .bin and llm.c shards ------------------------------------------------------------------
 
 
-def test_item_17_odd_bin_size(tmp_path):
+def test_a_raw_bin_with_a_partial_id_is_refused(tmp_path):
     (tmp_path / "odd.bin").write_bytes(b"\0" * 2001)
-    refused(
-        tmp_path / "odd.bin",
-        nd.TokenFileError,
-        "has 2001 bytes, not a multiple of 2 (uint16)",
-        dtype=np.uint16,
-    )
+    refused(tmp_path / "odd.bin", nd.TokenFileError, "2001", "uint16", dtype=np.uint16)
     (tmp_path / "odd4.bin").write_bytes(b"\0" * 4002)
-    refused(
-        tmp_path / "odd4.bin",
-        nd.TokenFileError,
-        "has 4002 bytes, not a multiple of 4 (uint32)",
-        dtype="uint32",
-    )
+    refused(tmp_path / "odd4.bin", nd.TokenFileError, "4002", "uint32", dtype="uint32")
 
 
-def test_item_18_bin_needs_a_dtype_source(tmp_path):
-    wide = np.arange(1000, dtype=np.uint32)
-    wide.tofile(tmp_path / "bare.bin")
-    refused(
-        tmp_path / "bare.bin",
-        nd.TokenFileError,
-        "raw token file with no sidecar 'bare.bin.json'",
-        "pass dtype=np.uint16",
-    )
-    # uint32 ids described as uint16: the count in the sidecar exposes it (dolma's uint16/uint32 mix-up)
-    write_tokens(tmp_path / "mixed.bin", wide, dtype="uint16")
-    refused(
-        tmp_path / "mixed.bin",
-        nd.TokenFileError,
-        "shape is [1000] in the sidecar, [2000] in the file",
-    )
-    write_tokens(tmp_path / "told.bin", wide)
-    refused(
-        tmp_path / "told.bin",
-        nd.TokenFileError,
-        "has a sidecar that says uint32 but dtype=uint16 was passed",
-        dtype=np.uint16,
-    )
-    # the documented escape hatch: no sidecar, explicit dtype; the caller is trusted, so a wrong one reads garbage
-    ds = nd.NpyTokensDataset(tmp_path / "bare.bin", 4, dtype=np.uint16)
-    assert ds[0][0].tolist() == [0, 0, 1, 0]
-
-
-def test_raw_bin_files(tmp_path):
+def test_a_raw_bin_takes_its_dtype_from_its_sidecar_or_the_caller(tmp_path):
     tokens = np.arange(1000, dtype=np.uint16)
     tokens.tofile(tmp_path / "train.bin")  # nanoGPT's layout: no header, no sidecar
-    assert "pass dtype=np.uint16" in dataset_error(tmp_path / "train.bin")
-    ds = nd.NpyTokensDataset(tmp_path / "train.bin", 8, dtype=np.uint16)
+    refused(tmp_path / "train.bin", nd.TokenFileError, "pass dtype=np.uint16")  # teaches the fix
+    ds = nd.NpyTokensDataset(tmp_path / "train.bin", 8, dtype=np.uint16)  # the caller is trusted
     assert ds[3][0].tolist() == list(range(24, 32))
-    (tmp_path / "odd.bin").write_bytes(b"\0" * 2001)
-    assert "has 2001 bytes, not a multiple of 2 (uint16)" in dataset_error(
-        tmp_path / "odd.bin", dtype="uint16"
-    )
-    write_tokens(tmp_path / "wide.bin", np.arange(1000, dtype=np.uint32))
-    assert (
-        nd.NpyTokensDataset(tmp_path / "wide.bin", 8)[1][0][0].item() == 8
-    )  # dtype from the sidecar
-    assert "sidecar" in dataset_error(
-        tmp_path / "wide.bin", dtype=np.uint16
-    ) and "says uint32" in dataset_error(tmp_path / "wide.bin", dtype=np.uint16)
+    wide = np.arange(1000, dtype=np.uint32)
+    write_tokens(tmp_path / "wide.bin", wide)
+    assert nd.NpyTokensDataset(tmp_path / "wide.bin", 8)[1][0][0].item() == 8  # the sidecar's
+    refused(tmp_path / "wide.bin", nd.TokenFileError, "uint32", "dtype=uint16", dtype=np.uint16)
+    # uint32 ids described as uint16 (dolma's mix-up): the sidecar's shape exposes it
+    write_tokens(tmp_path / "mixed.bin", wide, dtype="uint16")
+    refused(tmp_path / "mixed.bin", nd.TokenFileError, "shape", "[1000]", "[2000]")
 
 
 def test_a_raw_bin_whose_first_ids_spell_an_llmc_date_opens_with_its_dtype(tmp_path):
@@ -239,15 +192,11 @@ def write_llmc(
     return path
 
 
-def test_an_unknown_llmc_magic_is_refused_even_with_a_dtype(tmp_path):
-    eval_file = write_llmc(
-        tmp_path / "hellaswag_val.bin", np.arange(100, dtype=np.uint16), magic=20240522
-    )  # llm.c's eval files
+def test_an_llmc_file_that_is_not_a_token_shard_is_refused_even_with_a_dtype(tmp_path):
+    tokens = np.arange(100, dtype=np.uint16)
+    eval_file = write_llmc(tmp_path / "hellaswag_val.bin", tokens, magic=20240522)  # llm.c's eval
     for dtype in (None, np.uint16):
-        with pytest.raises(
-            nd.TokenFileError,
-            match="has the magic 20240522 of llm.c's eval file, not a token shard",
-        ):
+        with pytest.raises(nd.TokenFileError, match="20240522"):
             nd.open_tokens(eval_file, dtype=dtype)
 
 
@@ -291,7 +240,7 @@ def test_every_format_reads_back_the_same_tokens_and_windows(tmp_path, dtype):
             assert (
                 x.tolist() == expected[i][:-1].tolist() and y.tolist() == expected[i][1:].tolist()
             ), (name, i)
-        x, y = ds[list(range(len(ds)))]
+        x, y = ds[0, list(range(len(ds)))]
         assert torch.equal(
             torch.cat([x, y[:, -1:]], dim=1), torch.from_numpy(np.stack(expected))
         ), name
@@ -306,45 +255,31 @@ def _refusal(path, dtype=None) -> str:
     return str(info.value)
 
 
-def test_bad_llmc_and_raw_files_are_refused_with_clear_messages(tmp_path):
+def test_bad_llmc_shards_and_a_dtype_argument_that_disagrees_are_refused(tmp_path):
     u16, u32 = np.arange(100, dtype=np.uint16), np.arange(100, dtype=np.uint32)
-    assert "magic 20240520, which goes with version 1, not 7" in _refusal(
-        write_llmc(tmp_path / "a.bin", u16, version=7)
-    )
-    assert "magic 20240801, which goes with version 7, not 1" in _refusal(
-        write_llmc(tmp_path / "b.bin", u32, version=1)
-    )
+    assert "version 7" in _refusal(write_llmc(tmp_path / "a.bin", u16, version=7))
+    assert "version 1" in _refusal(write_llmc(tmp_path / "b.bin", u32, version=1))
     short = write_llmc(tmp_path / "short.bin", u16)
-    short.write_bytes(short.read_bytes()[:-2])  # one token missing
-    assert (
-        "declares 100 tokens of uint16 (1224 bytes with the header), but the file has 1222 bytes"
-        in _refusal(short)
-    )
+    short.write_bytes(short.read_bytes()[:-2])  # one token missing: 1224 bytes declared
+    assert "1222" in _refusal(short)
     trailing = write_llmc(tmp_path / "trailing.bin", u32, extra=b"\0" * 4)
-    assert (
-        "declares 100 tokens of uint32 (1424 bytes with the header), but the file has 1428 bytes"
-        in _refusal(trailing)
-    )
-    assert "declares 101 tokens" in _refusal(write_llmc(tmp_path / "count.bin", u16, count=101))
-    assert "declares -5 tokens" in _refusal(write_llmc(tmp_path / "negative.bin", u16, count=-5))
-    assert "declares 0 tokens" in _refusal(write_llmc(tmp_path / "empty.bin", u16[:0]))
+    assert "1428" in _refusal(trailing)
+    assert "101 tokens" in _refusal(write_llmc(tmp_path / "count.bin", u16, count=101))
+    assert "-5 tokens" in _refusal(write_llmc(tmp_path / "negative.bin", u16, count=-5))
+    assert "0 tokens" in _refusal(write_llmc(tmp_path / "empty.bin", u16[:0]))
     head = write_llmc(tmp_path / "head.bin", u16)
     head.write_bytes(head.read_bytes()[:500])  # the header itself is cut short
-    assert "truncated llm.c header: need 1024 bytes, file has 500" in _refusal(head)
+    assert "500" in _refusal(head)
     llmc = write_llmc(tmp_path / "ok.bin", u16)
-    assert "is an llm.c shard of uint16 but dtype=uint32 was passed" in _refusal(llmc, np.uint32)
+    assert "uint16" in _refusal(llmc, np.uint32)
     npy = write_tokens(tmp_path / "ok.npy", u32, sidecar=False)
-    assert "holds uint32 but dtype=uint16 was passed" in _refusal(npy, np.uint16)
-    u16.tofile(tmp_path / "train.bin")
-    assert "raw token file with no sidecar 'train.bin.json': pass dtype=np.uint16" in _refusal(
-        tmp_path / "train.bin"
-    )
+    assert "uint32" in _refusal(npy, np.uint16)
 
 
 # --- sidecars and probes ------------------------------------------------------------------------
 
 
-def test_item_21_bit_rot(tmp_path):
+def test_damage_of_the_same_size_is_found_by_verify(tmp_path):
     path = write_tokens(tmp_path / "rot.npy", np.arange(200_000, dtype=np.uint32))  # 800 KB
     raw = bytearray(path.read_bytes())
     middle = 128 + 4 * 100_000  # id 100,000, between the first and the last 64 KiB
@@ -352,155 +287,101 @@ def test_item_21_bit_rot(tmp_path):
     path.write_bytes(raw)
     ds = nd.NpyTokensDataset(path, 9)  # the default open reads the head and the tail only
     assert ds[0, [100_000 // 9]][0][0, 100_000 % 9].item() == 100_001
-    refused(path, nd.TokenFileError, "its sha256 differs from the sidecar's", verify=True)
+    refused(path, nd.TokenFileError, "sha256", verify=True)
 
 
-def test_item_22_inconsistent_sidecar(tmp_path):
+def test_a_sidecar_that_does_not_describe_its_file_is_refused(tmp_path):
     tokens = np.arange(1000, dtype=np.uint16)
-    for field, value, found in [
-        ("dtype", "uint32", "'uint16'"),
-        ("n_tokens", 999, "1000"),
-        ("shape", [999], "[1000]"),
-        ("file_size", 7, "2128"),
-        ("layout", "bin", "[1064]"),  # "bin" is final: the header read as ids, 64 of them more
+    for field, value, named, here in [
+        ("dtype", "uint32", "dtype", "'uint16'"),
+        ("shape", [999], "shape", "[1000]"),
+        ("file_size", 7, "file_size", "2128"),
+        ("probe_sha256", "0" * 64, "probe_sha256", "'"),
+        ("layout", "bin", "shape", "[1064]"),  # "bin" is final: the .npy header read as 64 ids
     ]:
         path = write_tokens(tmp_path / f"{field}.npy", tokens, **{field: value})
-        said = f"{field} is {value!r} in the sidecar, {found}"
-        if field == "layout":
-            said = f"shape is [1000] in the sidecar, {found}"
-        message = refused(path, nd.TokenFileError, f"{said} in the file")
-        assert repr(str(nd.sidecar_path(path))) in message
-    for field, value in [("max_token_id", 50257), ("eot_id", 50257), ("eot_id", -1)]:
-        path = write_tokens(tmp_path / f"{field}.npy", tokens, n_vocab=50257, **{field: value})
-        refused(path, nd.TokenFileError, f"{field} {value}, outside the vocabulary (n_vocab 50257)")
-    path = write_tokens(tmp_path / "type.npy", tokens, n_tokens="1000")
-    refused(path, nd.TokenFileError, "field 'n_tokens' should be int, found '1000'")
-    path = write_tokens(tmp_path / "bool.npy", tokens, eot_id=True)  # isinstance(True, int) holds
-    refused(path, nd.TokenFileError, "field 'eot_id' should be int, found True")
+        refused(path, nd.TokenFileError, named, here)
     path = write_tokens(tmp_path / "new.npy", tokens, format_version=99)
-    refused(path, nd.TokenFileError, "format_version 99, newer than this module's 1")
-    path = write_tokens(tmp_path / "deep.npy", tokens)
-    nd.sidecar_path(path).write_text("[" * 100_000)
-    refused(path, nd.TokenFileError, "is not valid JSON")
+    refused(path, nd.TokenFileError, "format_version", "99")
+    path = write_tokens(tmp_path / "other.npy", tokens, format="something else")
+    refused(path, nd.TokenFileError, "format")
+    for name, text in [("deep.npy", "[" * 100_000), ("junk.npy", "{not json")]:
+        path = write_tokens(tmp_path / name, tokens)
+        nd.sidecar_path(path).write_text(text)
+        assert repr(str(nd.sidecar_path(path))) in refused(path, nd.TokenFileError)
 
 
-def test_sidecar_must_agree_with_the_file(tmp_path):
+def test_a_sidecars_own_fields_are_trusted_on_open_and_its_hash_read_on_request(tmp_path):
+    """The reader compares what can change after writing (the file); what the writer checked
+    (n_tokens, eot_id, the tokenizer) is audited by prepare_tokens.py --verify."""
     tokens = np.arange(1000, dtype=np.uint16)
-    for field, value in [
-        ("dtype", "uint32"),
-        ("n_tokens", 999),
-        ("file_size", 7),
-        ("shape", [999]),
-    ]:
-        path = write_tokens(tmp_path / f"{field}.npy", tokens, **{field: value})
-        msg = dataset_error(path)
-        assert f"{field} is {value!r} in the sidecar" in msg and f"{field}.npy" in msg
-    path = write_tokens(tmp_path / "vocab.npy", tokens, max_token_id=70000, n_vocab=50257)
-    assert "max_token_id 70000, outside the vocabulary" in dataset_error(path)
-    path = write_tokens(tmp_path / "type.npy", tokens, n_tokens="1000")
-    assert "field 'n_tokens' should be int" in dataset_error(path)
+    path = write_tokens(tmp_path / "self.npy", tokens, n_tokens=999, eot_id=70_000)
+    assert len(nd.NpyTokensDataset(path, 4)) == 249
     path = write_tokens(tmp_path / "hash.npy", tokens, sha256="0" * 64)
-    assert len(nd.NpyTokensDataset(path, 4)) == 249  # the hash is read only on request
-    assert "sha256 differs" in dataset_error(path, verify=True)
-    (tmp_path / "junk.npy.json").write_text("{not json")
-    np.save(tmp_path / "junk.npy", tokens)
-    assert "is not valid JSON" in dataset_error(tmp_path / "junk.npy")
+    assert len(nd.NpyTokensDataset(path, 4)) == 249
+    refused(path, nd.TokenFileError, "sha256", verify=True)
+
+
+@pytest.mark.xfail(
+    strict=True, reason="module bug (reported): verify=True reads meta['sha256'], a KeyError"
+)
+def test_verify_with_a_sidecar_that_has_no_sha256_is_a_token_file_error(tmp_path):
+    path = write_tokens(tmp_path / "t.npy", np.arange(100, dtype=np.uint16))
+    meta = nd.read_sidecar(path)
+    del meta["sha256"]
+    nd.sidecar_path(path).write_text(json.dumps(meta))
+    refused(path, nd.TokenFileError, "sha256", verify=True)
 
 
 def test_swapped_shards_of_one_size_are_refused_on_open(tmp_path):
     paths = [
-        write_tokens(
-            tmp_path / f"train_{i:06d}.npy", np.arange(1000 * i, 1000 * i + 1000, dtype=np.uint16)
-        )
+        write_tokens(tmp_path / f"train_{i}.npy", np.arange(1000 * i, 1000 * i + 1000, dtype="u2"))
         for i in range(2)
     ]
-    for p in paths:  # what the prep step records in each sidecar
-        side = nd.sidecar_path(p)
-        side.write_text(
-            json.dumps({**json.loads(side.read_text()), "probe_sha256": nd.probe_sha256(p)})
-        )
     assert nd.NpyTokensDataset(paths, 8)[0][0][0].item() == 0
     a, b = (p.read_bytes() for p in paths)  # swap the data files, leave the sidecars in place
     paths[0].write_bytes(b)
     paths[1].write_bytes(a)
-    with pytest.raises(
-        nd.TokenFileError,
-        match=r"train_000000.npy' changed in its first or last 64 KiB since its sidecar was written",
-    ):
+    with pytest.raises(nd.TokenFileError, match=r"train_0.npy'.*probe_sha256"):
         nd.NpyTokensDataset(paths, 8)
-    big = write_tokens(
-        tmp_path / "big.npy", np.arange(200_000, dtype=np.uint32)
-    )  # head and tail probed apart
-    assert nd.probe_sha256(big) != nd.probe_sha256(
-        write_tokens(tmp_path / "other.npy", np.arange(1, 200_001, dtype=np.uint32))
-    )
 
 
-# --- token dtypes and vocabularies --------------------------------------------------------------
+# --- token ids and vocabularies -----------------------------------------------------------------
 
 
-def test_token_dtype_and_sidecar_path():
-    assert nd.token_dtype(50257) == np.uint16 and nd.token_dtype(2**16) == np.uint16
-    assert nd.token_dtype(2**16 + 1) == np.uint32 and nd.token_dtype(100277) == np.uint32
-    for bad, err in [(0, ValueError), (2**32 + 1, ValueError), (True, TypeError), (5.0, TypeError)]:
-        with pytest.raises(err):
-            nd.token_dtype(bad)
-    assert nd.sidecar_path("data/x/train.npy") == Path("data/x/train.npy.json")
-
-
-def test_item_32_boundary_ids_round_trip(tmp_path, pt):
+def test_boundary_ids_round_trip(tmp_path):
     for dtype, ids in [
         (np.uint16, [0, 50_256, 65_535, 1, 65_534, 32_768, 32_767]),
         (np.uint32, [0, 2**32 - 1, 65_536, 2**31, 2**31 - 1, 50_256, 1]),
     ]:
         path = tmp_path / f"{dtype.__name__}.npy"
-        pt.write_token_file([np.array(ids[:3]), np.array(ids[3:])], path, dtype)
+        chunks = (np.array(part, dtype=np.int64) for part in (ids[:3], ids[3:]))
+        n_vocab = int(np.iinfo(dtype).max) + 1
+        meta = nd.write_tokens(path, chunks, n_vocab=n_vocab, tokenizer="test:ids", eot_id=0)
+        assert meta["dtype"] == np.dtype(dtype).name and meta["max_token_id"] == max(ids)
         assert np.load(path).tolist() == ids
         ds = nd.NpyTokensDataset(path, 2)
         singles = [t for i in range(len(ds)) for t in ds[i][0].tolist()]
-        x, y = ds[list(range(len(ds)))]  # the batched gather widens the top ids exactly too
-        px, py = ds[0, np.arange(len(ds))]
-        assert singles == x.flatten().tolist() == px.flatten().tolist() == ids[: 2 * len(ds)]
-        assert torch.equal(y, py) and y[:, -1].tolist() == ids[2 : 2 * len(ds) + 1 : 2]
+        x, y = ds[0, list(range(len(ds)))]  # the batched gather widens the top ids exactly too
+        assert singles == x.flatten().tolist() == ids[: 2 * len(ds)]
+        assert y[:, -1].tolist() == ids[2 : 2 * len(ds) + 1 : 2]
 
 
-def test_item_33_vocab_size(tmp_path):
-    path = write_tokens(
-        tmp_path / "t.npy", np.arange(1000, dtype=np.uint16), max_token_id=50_256, n_vocab=50_257
-    )
-    assert len(nd.NpyTokensDataset(path, 9, vocab_size=50_257)) == 111
-    refused(
-        path, nd.TokenFileError, "ids up to 50256, too many for vocab_size=50000", vocab_size=50_000
-    )
-    bare = write_tokens(tmp_path / "bare.npy", np.arange(1000, dtype=np.uint16), sidecar=False)
-    assert (
-        len(nd.NpyTokensDataset(bare, 9, vocab_size=1000)) == 111
-    )  # no sidecar: the file is scanned once
-    refused(bare, nd.TokenFileError, "ids up to 999, too many for vocab_size=999", vocab_size=999)
-    high = write_tokens(
-        tmp_path / "high.bin", np.array([5, 60_000, 7] * 10, dtype=np.uint16), sidecar=False
-    )
-    refused(
-        high,
-        nd.TokenFileError,
-        "ids up to 60000, too many for vocab_size=50257",
-        vocab_size=50_257,
-        dtype=np.uint16,
-    )
-    for bad, error, message in [
-        ("50257", TypeError, "vocab_size must be an int, got str '50257'"),
-        (50_257.0, TypeError, "vocab_size must be an int, got float 50257.0"),
-        (True, TypeError, "vocab_size must be an int, got bool True"),
-        (0, ValueError, "vocab_size must be at least 1, got 0"),
-    ]:
-        with pytest.raises(error, match=re.escape(message)):
+def test_ids_past_vocab_size_are_refused(tmp_path):
+    tokens = np.arange(1000, dtype=np.uint16)
+    path = write_tokens(tmp_path / "t.npy", tokens, max_token_id=50_256, n_vocab=50_257)
+    assert len(nd.NpyTokensDataset(path, 9, vocab_size=50_257)) == 111  # the sidecar's figure
+    refused(path, nd.TokenFileError, "50256", "vocab_size=50000", vocab_size=50_000)
+    bare = write_tokens(tmp_path / "bare.npy", tokens, sidecar=False)
+    assert len(nd.NpyTokensDataset(bare, 9, vocab_size=1000)) == 111  # no sidecar: one scan
+    refused(bare, nd.TokenFileError, "999", "vocab_size=999", vocab_size=999)
+    high = write_tokens(tmp_path / "high.bin", np.array([5, 60_000, 7] * 10, dtype=np.uint16))
+    refused(high, nd.TokenFileError, "60000", vocab_size=50_257)
+    for bad, error in [("50257", TypeError), (50_257.0, TypeError), (True, TypeError)]:
+        with pytest.raises(error, match=f"vocab_size.*{type(bad).__name__}"):
             nd.NpyTokensDataset(path, 9, vocab_size=bad)
-
-
-def test_vocab_size_check(arange_file):
-    path = arange_file(1000)
-    assert len(nd.NpyTokensDataset(path, 4, vocab_size=1000)) == 249
-    assert "ids up to 999, too many for vocab_size=999" in dataset_error(path, vocab_size=999)
+    with pytest.raises(ValueError, match="vocab_size.*0$"):
+        nd.NpyTokensDataset(path, 9, vocab_size=0)
 
 
 # --- the module itself --------------------------------------------------------------------------
@@ -531,7 +412,7 @@ def test_module_imports_in_a_fresh_interpreter_without_the_prep_packages():
     assert out.stdout.strip() == "ok", out.stderr
 
 
-# --- issue 19: what an attack found ---------------------------------------------------------------
+# --- what an attack found (issue 19) ---------------------------------------------------------------
 
 
 def test_an_llmc_header_with_other_words_set_is_read_by_its_magic_and_version(tmp_path):
@@ -552,15 +433,14 @@ def test_a_change_in_the_last_kib_of_a_large_file_is_refused_on_open(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[-4096] ^= 0x01  # inside the last 4 KiB: the tail the probe hashes
     path.write_bytes(raw)
-    refused(path, nd.TokenFileError, "changed in its first or last 64 KiB")
+    refused(path, nd.TokenFileError, "probe_sha256")
 
 
 def test_a_sidecar_field_of_null_and_a_sidecar_link_loop_are_named(tmp_path):
     path = write_tokens(tmp_path / "null.npy", np.arange(100, dtype=np.uint16), probe_sha256=None)
-    message = refused(path, nd.TokenFileError, "field 'probe_sha256' should be str, found None")
-    assert "replaced" not in message  # the sidecar is at fault, not the file
+    refused(path, nd.TokenFileError, "probe_sha256", "None")
     loop = write_tokens(tmp_path / "loop.npy", np.arange(100, dtype=np.uint16))
     side = nd.sidecar_path(loop)
     side.unlink()
     side.symlink_to(side.name)  # a link to itself: stat() fails with ELOOP
-    refused(loop, nd.TokenFileError, "is a sidecar that cannot be read", "symbolic links")
+    assert repr(str(side)) in refused(loop, nd.TokenFileError, "symbolic links")
