@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Batches per second of the ways to serve (x, y) next-token batches from one memmapped token file,
-this module's recommended path beside the module as it was before the "reads like a reference"
-redesign (commit 63688d8).
+this module's recommended path beside the module as it was before issue 25's rewrite (commit
+a20e65e).
 
 Every entry makes int64 x and y of shape (B, T), y being x shifted by one token, on the CPU, from one
 uint16 .npy file of random GPT-2 ids under data/bench/ (made once, then reused). The old module is
-read from git (`git show 63688d8:python_files/npy_datasets.py`) into a temporary folder and imported
+read from git (`git show a20e65e:python_files/npy_datasets.py`) into a temporary folder and imported
 under another name, so both run in one process on the same file. Entries take turns, repeat by
 repeat, so that a busy moment of the machine falls on all of them; each result is the median.
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python_files"))
 import npy_datasets as nd  # noqa: E402 (after the sys.path line above: the module under test)
 
-OLD_COMMIT = "63688d8"  # the module before the redesign of issue 18 ("reads like a reference")
+OLD_COMMIT = "a20e65e"  # the module before issue 25's rewrite (numpy reads .npy, one writer)
 CONFIGS = ((12, 512), (12, 1024), (64, 2048))
 
 
@@ -126,7 +126,7 @@ def entries(path: Path, B: int, T: int, old: Any | None) -> dict[str, Callable[[
     if old is not None:
         before = old.NpyTokensDataset(path, T)
         found["old make_dataloaders w0"] = endless(
-            lambda: old.make_dataloaders(before, before, B, num_workers=0)[0],
+            lambda: old.make_dataloaders(before, before, batch_size=B)[0],
             lambda b: old.to_device(b, "cpu"),
         )
         found["old dataset, no DataLoader"] = endless(

@@ -491,10 +491,11 @@ class NpyTokensDataset:
         if found.ndim != 1 or (found.size and found.dtype.kind not in "iu"):  # bools too
             raise TypeError(f"window indices are ints, got {found.dtype} {keys!r:.80}")
         n = self.num_samples
-        out = found[(found < -n) | (found >= n)]
-        if out.size:
-            raise IndexError(f"index {out[0]} is out of range for {n} windows of {self.paths[0]!r}")
-        return found.astype(np.int64) % n
+        low, high = (int(found.min()), int(found.max())) if found.size else (0, 0)
+        if low < -n or high >= n:
+            bad = low if low < -n else high
+            raise IndexError(f"index {bad} is out of range for {n} windows of {self.paths[0]!r}")
+        return found.astype(np.int64) % n if low < 0 else found.astype(np.int64, copy=False)
 
     def locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The file of each window, and the position of its first token in that file."""
