@@ -1,8 +1,10 @@
-"""Writing and publishing: token files streamed to a temp file and renamed into place, shards
-staged in a folder and swapped in together, and each file's sidecar written last.
+"""Writing and publishing: a split's new files (its token file, or its shards) written by the
+module's write_tokens into a staging folder of the run's own, their sidecars completed once the
+whole split is known, then swapped in together.
 
 A run that writes into a folder holds the folder's lock (output_lock): runs that share the folder,
-in any container, wait for each other, and a temp file found under the lock is a dead run's.
+in any container, wait for each other, and a staging folder found under the lock is a dead run's.
+Nothing else in the folder is cleaned: write_tokens' temporary files may be a live writer's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -32,14 +35,9 @@ from npy_datasets import (  # beside this file; importing it imports numpy only,
     LLMC_HEADER_BYTES,
     LLMC_VERSIONS,
     TokenFileError,
-    atomic_write,
-    check_token_dtype,
-    fsync_folder,
-    probe_sha256,
+    open_tokens,
     read_sidecar,
-    sidecar_for,
-    sidecar_path,
-    write_sidecar,
+    write_tokens,
 )
 from prep_settings import check_prep_arguments
 
@@ -49,91 +47,40 @@ except ImportError:  # Windows: no flock; runs there neither wait for each other
     fcntl = None
 
 
-NPY_HEADER_SIZE = 128  # bytes before the data: a multiple of 64, room for any 64-bit length
 SUFFIXES = {"npy": ".npy", "bin": ".bin", "llmc": ".bin"}  # an llm.c shard's header tells it apart
 SHARD_DIGITS = 6  # train_000000.npy: names sort in shard order, up to 999,999 shards
 CREATED_BY = "prepare_tokens.py"  # recorded in every sidecar
 LOCK_NAME = ".prepare_tokens.lock"  # held while a run writes into its folder (output_lock)
-TEMP_NAME = re.compile(r"\..+\.tmp\.\d+\.[0-9a-f]{8}")  # atomic_write's and the staging folders'
+STAGING_NAME = re.compile(r"\.prepare_tokens\.tmp\.\d+\.[0-9a-f]{8}\..+")  # make_staging_folder's
 PER_FILE = ("file", "file_size", "sha256", "probe_sha256", "shape", "shard")  # not in totals
+NOT_A_LOCK = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO"}
 
 
-# ---- One token file: a header, then the ids, streamed --------------------------------------
-def npy_header(dtype: Any, n_tokens: int) -> bytes:
-    """A .npy format 1.0 header for a 1-D array of n_tokens, always NPY_HEADER_SIZE bytes long."""
-    descr = check_token_dtype(dtype, "token dtype").str  # e.g. '<u2'
-    fields = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': ({int(n_tokens)},), }}"
-    text_len = NPY_HEADER_SIZE - 10  # after magic (6 bytes), version (2) and the length field (2)
-    if len(fields) >= text_len:
-        raise ValueError(f"n_tokens {n_tokens} is too large for a {NPY_HEADER_SIZE}-byte header")
-    text = fields.ljust(text_len - 1) + "\n"  # numpy accepts spaces before the final newline
-    return b"\x93NUMPY\x01\x00" + text_len.to_bytes(2, "little") + text.encode("latin1")
+# ---- Token files: their dtype, their sidecar, llm.c's header ----------------------------------
+def token_dtype(n_vocab: int) -> np.dtype:
+    """The smallest unsigned dtype that holds every id of a vocabulary of n_vocab tokens."""
+    check_prep_arguments(n_vocab=n_vocab)
+    return np.dtype("<u2" if n_vocab <= 2**16 else "<u4")  # GPT-2's largest id, 50256, fits uint16
 
 
-def _llmc_header(dtype: Any, n_tokens: int) -> bytes:
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """Where write_tokens puts a token file's sidecar: the file's name with '.json' appended."""
+    return Path(path).with_name(Path(path).name + ".json")
+
+
+def llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """llm.c's shard header: 256 int32 words, magic and version (which give the dtype), token
-    count, then zeros."""
-    dtype = check_token_dtype(dtype, "token dtype")
+    count, then zeros. write_tokens writes it before the ids, and again once it has counted them."""
     magic = next(m for m, d in LLMC_DTYPES.items() if d == dtype)
-    version = LLMC_VERSIONS[magic]
+    n_tokens = shape[0]
     if n_tokens >= 2**31:  # the count is an int32
         most = f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}"
         raise ValueError(f"{most}; pass a smaller shard_tokens")
-    words = np.array([magic, version, n_tokens], dtype="<i4")
+    words = np.array([magic, LLMC_VERSIONS[magic], n_tokens], dtype="<i4")
     return words.tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
 
 
-def _no_header(dtype: Any, n_tokens: int) -> bytes:
-    return b""  # nanoGPT's .bin: raw ids
-
-
-HEADERS = {"npy": npy_header, "bin": _no_header, "llmc": _llmc_header}
-
-
-def _as_token_array(chunk: Any, dtype: np.dtype) -> np.ndarray:
-    """chunk cast to dtype, once every id is known to fit: astype alone wraps 70000 to 4464."""
-    ids = np.asarray(chunk)
-    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        found = f"{ids.dtype} with shape {ids.shape}"
-        raise TypeError(f"a chunk must be a 1-D array of integer ids, got {found}")
-    top = np.iinfo(dtype).max
-    lo = int(ids.min(initial=0))
-    hi = int(ids.max(initial=0))
-    if lo < 0 or hi > top:
-        bad = lo if lo < 0 else hi
-        wider = "; uint32 holds ids up to 4,294,967,295" if dtype.itemsize < 4 else ""
-        raise ValueError(
-            f"token id {bad} does not fit {dtype.name} (valid ids: 0 to {top:,}){wider}"
-        )
-    return ids.astype(dtype, copy=False)
-
-
-def write_token_file(
-    chunks: Iterable[Any], path: str | os.PathLike, dtype: Any = np.uint16, layout: str = "npy"
-) -> dict[str, int]:
-    """Stream id chunks into path with atomic_write (its old sidecar is deleted); return what only
-    the writer knows: n_tokens and max_token_id. sidecar_for reads the rest from the file."""
-    path = Path(path)
-    dtype = check_token_dtype(dtype, "token dtype")
-    check_prep_arguments(layout=layout)
-    if path.suffix != SUFFIXES[layout]:
-        raise ValueError(f"a {layout} token file must end in {SUFFIXES[layout]}, got {path.name!r}")
-    header = HEADERS[layout]
-    n_tokens = 0
-    max_token_id = -1
-    with atomic_write(path, stale=sidecar_path(path)) as f:
-        f.write(header(dtype, 0))  # a placeholder of the real header's length
-        for chunk in chunks:
-            ids = _as_token_array(chunk, dtype)
-            if ids.size:
-                f.write(ids.tobytes())
-                n_tokens += ids.size
-                max_token_id = max(max_token_id, int(ids.max()))
-        if n_tokens == 0:
-            raise ValueError(f"no tokens to write to {path}")
-        f.seek(0)
-        f.write(header(dtype, n_tokens))  # the true length, over the placeholder
-    return {"n_tokens": n_tokens, "max_token_id": max_token_id}
+HEADERS = {"npy": None, "bin": None, "llmc": llmc_header}  # None: write_tokens' own, by suffix
 
 
 # ---- Names, settings, and what a rerun may keep --------------------------------------------
@@ -181,6 +128,12 @@ class SplitOutput:
             return self.folder / f"{self.split}{SUFFIXES[self.layout]}"
         digits = "[0-9]" * SHARD_DIGITS
         return Path(glob.escape(str(self.folder))) / f"{self.split}_{digits}{SUFFIXES[self.layout]}"
+
+    def file_name(self, index: int) -> str:
+        """The name of the one token file, or of shard index."""
+        if not self.sharded:
+            return self.path.name
+        return shard_path(self.folder, self.split, index, self.layout).name
 
     def files(self) -> list[Path]:
         """The files there now: the one token file, or the shards in index order."""
@@ -232,9 +185,9 @@ def _kept_sidecar(path: Path, fingerprint: str) -> dict[str, Any] | None:
     meta = _sidecar_or_none(path)
     if meta is None or meta.get("settings_fingerprint") != fingerprint:
         return None
-    if not path.is_file() or path.stat().st_size != meta["file_size"]:
-        return None
-    if meta.get("probe_sha256") != probe_sha256(path):  # damaged in its first or last 64 KiB
+    try:  # open_tokens compares the file's size, and its first and last 64 KiB, with the sidecar
+        open_tokens(path)
+    except (TokenFileError, OSError):  # gone, cut short or damaged: rebuild
         return None
     return meta
 
@@ -246,15 +199,7 @@ def _sidecar_or_none(path: Path) -> dict[str, Any] | None:
         return None
 
 
-# ---- Writing: one file, or shards into a staging folder ------------------------------------
-class WrittenFile(NamedTuple):
-    """A token file just written, and what only its writer knows."""
-
-    path: Path  # where it lies now: its final path, or (a shard) in the staging folder
-    max_token_id: int
-    n_docs: int  # the documents that start in it: one EOT each
-
-
+# ---- Writing: a split's files into its staging folder -----------------------------------------
 class ShardPiece(NamedTuple):
     """Ids that all belong to one shard."""
 
@@ -280,36 +225,40 @@ class DocumentCount:
 
 
 def make_staging_folder(folder: Path, split: str) -> Path:
-    """A new hidden folder for shards beside them: .<split>_shards.tmp.<pid>.<random>."""
+    """A new hidden folder in folder for split's new files: .prepare_tokens.tmp.<pid>.<random>.
+    <split>. Only the prep step makes such names, so its cleanup takes no other writer's files."""
     while True:
-        staging = folder / f".{split}_shards.tmp.{os.getpid()}.{secrets.token_hex(4)}"
+        staging = folder / f".prepare_tokens.tmp.{os.getpid()}.{secrets.token_hex(4)}.{split}"
         with contextlib.suppress(FileExistsError):  # the name is taken: draw another
             staging.mkdir()
             return staging
 
 
 def write_files(
-    output: SplitOutput, chunks: Iterable[np.ndarray], count: DocumentCount, staging: Path | None
-) -> list[WrittenFile]:
+    output: SplitOutput, chunks: Iterable[np.ndarray], count: DocumentCount, staging: Path
+) -> list[dict[str, Any]]:
     """The ids of chunks as output's one file, or as shards of shard_tokens ids each (the last:
-    the rest, never empty) into staging."""
-    if not output.sharded:
-        return [_write_file(output.path, chunks, output, count)]
-    written = []
-    pieces = _cut_into_shards(chunks, output.shard_tokens)
-    for index, shard in groupby(pieces, key=attrgetter("shard")):
-        name = shard_path(output.folder, output.split, index, output.layout).name
-        ids = (piece.ids for piece in shard)
-        written.append(_write_file(staging / name, ids, output, count))
-    return written
-
-
-def _write_file(
-    path: Path, chunks: Iterable[np.ndarray], output: SplitOutput, count: DocumentCount
-) -> WrittenFile:
-    before = count.n_docs
-    stats = write_token_file(count.passing(chunks), path, output.dtype, output.layout)
-    return WrittenFile(path, stats["max_token_id"], count.n_docs - before)
+    the rest, never empty), each written by write_tokens into staging. Return their sidecars,
+    each with the documents that start in its file (n_docs)."""
+    settings = output.settings
+    size = output.shard_tokens or 2**63  # one file: a single shard that never fills
+    metas = []
+    for index, pieces in groupby(_cut_into_shards(chunks, size), key=attrgetter("shard")):
+        before = count.n_docs
+        meta = write_tokens(
+            staging / output.file_name(index),
+            count.passing(piece.ids for piece in pieces),
+            n_vocab=settings["n_vocab"],
+            tokenizer=settings["tokenizer"],
+            eot_id=settings["eot_id"],
+            dtype=output.dtype,
+            header=HEADERS[output.layout],
+            eot_placement=settings["eot_placement"],
+            settings_fingerprint=output.fingerprint,
+            created_by=CREATED_BY,
+        )
+        metas.append({**meta, "n_docs": count.n_docs - before})
+    return metas
 
 
 def _cut_into_shards(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[ShardPiece]:
@@ -325,34 +274,27 @@ def _cut_into_shards(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterato
             start += len(piece)
 
 
-# ---- Publishing: the sidecars, and the swap of a set of shards -----------------------------
-def describe(
-    output: SplitOutput, written: list[WrittenFile], source: dict[str, Any]
+# ---- Publishing: the whole split's sidecars, and the swap ----------------------------------------
+def complete_sidecars(
+    output: SplitOutput, metas: list[dict[str, Any]], source: dict[str, Any], staging: Path
 ) -> list[dict[str, Any]]:
-    """Each written file's sidecar: sidecar_for reads its size, sha256, probe, layout and dtype
-    from the file, and is given what only the prep step knows."""
-    settings = output.settings
-    metas = []
+    """Add to each staged file's sidecar what is known only once the whole split is written: its
+    source (with the empty documents skipped) and, for a shard, its place in the set (the count
+    too). write_tokens took the fields known before the ids; these sidecars replace its own in
+    staging, each on disk before the swap renames it."""
+    complete = []
     first_token = 0
-    for index, file in enumerate(written):
-        meta = sidecar_for(
-            file.path,
-            layout=output.layout,
-            dtype=output.dtype,
-            tokenizer=settings["tokenizer"],
-            n_vocab=settings["n_vocab"],
-            eot_id=settings["eot_id"],
-            eot_placement=settings["eot_placement"],
-            max_token_id=file.max_token_id,
-            n_docs=file.n_docs,
-            source=source,
-            settings_fingerprint=output.fingerprint,
-            created_by=CREATED_BY,
-            **_shard_field(output, index, len(written), first_token),
-        )
-        metas.append(meta)
+    for index, meta in enumerate(metas):
+        meta = {**meta, "source": source, **_shard_field(output, index, len(metas), first_token)}
+        with open(sidecar_path(staging / meta["file"]), "w", encoding="utf-8") as f:
+            f.write(
+                json.dumps(meta, sort_keys=True, indent=2) + "\n"
+            )  # as write_tokens lays it out
+            f.flush()
+            os.fsync(f.fileno())
+        complete.append(meta)
         first_token += meta["n_tokens"]
-    return metas
+    return complete
 
 
 def _shard_field(output: SplitOutput, index: int, count: int, first_token: int) -> dict:
@@ -363,28 +305,35 @@ def _shard_field(output: SplitOutput, index: int, count: int, first_token: int) 
     return {"shard": {**place, "first_token": first_token}}
 
 
-def publish(output: SplitOutput, staging: Path | None, metas: list[dict[str, Any]]) -> None:
-    """Swap the staged shards in, if any, then write each file's sidecar; a Ctrl-C or SIGTERM
-    meanwhile waits until they are done."""
+def publish(output: SplitOutput, staging: Path, metas: list[dict[str, Any]]) -> None:
+    """Swap the staged files in: the old sidecars go first (with old shards past the new count,
+    an earlier run's with more text), then the token files, then their sidecars. A Ctrl-C or
+    SIGTERM meanwhile waits until they are done."""
+    names = [meta["file"] for meta in metas]
     with signals_deferred():
-        if staging is not None:
-            _swap_in(output, staging, [meta["file"] for meta in metas])
-        for meta in metas:
-            write_sidecar(output.folder / meta["file"], meta)
+        old = existing_shards(output) if output.sharded else {0: output.path}
+        stale = [sidecar_path(path) for path in old.values()]
+        stale += [path for index, path in old.items() if index >= len(names)]
+        for path in stale:
+            path.unlink(missing_ok=True)
+        _fsync_folder(output.folder)  # no old sidecar can come back to describe a new file
+        for name in names:
+            os.replace(staging / name, output.folder / name)
+        _fsync_folder(output.folder)  # the token files are in place before any sidecar
+        for name in names:
+            os.replace(sidecar_path(staging / name), sidecar_path(output.folder / name))
+        _fsync_folder(output.folder)
 
 
-def _swap_in(output: SplitOutput, staging: Path, names: list[str]) -> None:
-    """Rename the staged shards over the old ones: the old sidecars go first, and old shards past
-    the new count (an earlier run's, with more text) with them."""
-    old = existing_shards(output)
-    stale = [sidecar_path(path) for path in old.values()]
-    stale += [path for index, path in old.items() if index >= len(names)]
-    for path in stale:
-        path.unlink(missing_ok=True)
-    fsync_folder(output.folder)
-    for name in names:
-        os.replace(staging / name, output.folder / name)
-    fsync_folder(output.folder)
+def _fsync_folder(folder: Path) -> None:
+    """Make the renames and deletions in folder durable (Windows cannot open a folder to fsync)."""
+    if os.name == "nt":
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -426,9 +375,17 @@ def output_lock(folder: Path) -> Iterator[bool]:
 def _open_lock_file(folder: Path) -> int | None:
     if fcntl is None:
         return None
+    path = folder / LOCK_NAME
+    with contextlib.suppress(FileNotFoundError):  # none yet: the first run creates it
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):  # opening it would fail, or lock nothing, without a word
+            kind = NOT_A_LOCK.get(stat.S_IFMT(mode), "not a regular file")
+            why = "prep runs that write into this folder lock it with a regular file of that name"
+            fix = "remove it, and run again (the run creates the file)"
+            raise ValueError(f"{str(path)!r} is {kind}, not a lock file: {why}; {fix}")
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # never a planted link's target
     try:
-        return os.open(folder / LOCK_NAME, flags, 0o666)
+        return os.open(path, flags, 0o666)
     except OSError:  # a read-only folder: a run that writes nothing there needs no lock
         return None
 
@@ -445,24 +402,23 @@ def _lock(fd: int, folder: Path) -> bool:
 
 
 def remove_temp_files(folder: Path) -> list[Path]:
-    """Delete the temp files and shard staging folders in folder, and return them. Call it holding
-    the folder's lock: every run that writes holds it, so what is found is a dead run's."""
+    """Delete the staging folders of dead prep runs in folder, and return them. Call it holding
+    the folder's lock: every run makes and removes its staging folder under the lock, so one found
+    then is a dead run's. Any other file stays: write_tokens' temporary files (.<name>.tmp.<pid>.
+    <random>) may be a live writer's, one that does not take this lock."""
     removed = []
     for entry in sorted(folder.iterdir()):
-        if not TEMP_NAME.fullmatch(entry.name) or entry.is_symlink():
+        if not STAGING_NAME.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
             continue
         with contextlib.suppress(OSError):  # gone already, or not ours to delete
-            if entry.is_dir():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+            shutil.rmtree(entry)
             removed.append(entry)
     return removed
 
 
 def clean_stale_temp_files(out_dir: str | os.PathLike) -> list[Path]:
-    """Delete what killed runs left in out_dir (temp files, shard staging folders), after a run
-    writing there now has finished; return what was deleted."""
+    """Delete the staging folders that killed prep runs left in out_dir, after a run writing
+    there now has finished; return what was deleted."""
     folder = Path(out_dir)
     if not folder.is_dir():
         return []

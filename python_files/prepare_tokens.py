@@ -14,6 +14,7 @@ the data flows:
     prep_files.py      local files: which files of a folder are read, and a reader per format
     prep_tokenize.py   GPT-2's encoding, and the thread pool that tokenizes in input order
     prep_outputs.py    token files, shards and sidecars; the output folder's lock
+    prep_verify.py     --verify: every check of token files that exist
 The README's "The full TinyStories" lists the inputs, "Shards and other formats" the layouts.
 """
 
@@ -36,27 +37,25 @@ from typing import Any
 import tiktoken
 from tqdm import tqdm
 
-from npy_datasets import FORMAT_VERSION, token_dtype
+from npy_datasets import FORMAT_VERSION
 from prep_files import FILE_FORMATS, OPENERS, SEPARATORS
 from prep_outputs import (
-    NPY_HEADER_SIZE,
     PER_FILE,
     DocumentCount,
     SplitOutput,
     check_shard_names,
     check_writable,
     clean_stale_temp_files,
-    describe,
+    complete_sidecars,
     kept_sidecars,
     make_staging_folder,
-    npy_header,
     output_lock,
     publish,
     remove_temp_files,
     settings_fingerprint,
     shard_path,
+    token_dtype,
     write_files,
-    write_token_file,
 )
 from prep_settings import (
     CHUNK_DOCS,
@@ -86,19 +85,17 @@ from prep_sources import (
     resolve_dataset,
 )
 from prep_tokenize import gpt2_encoding, load_encoding, tokenize_documents
+from prep_verify import verify_files
 
 __all__ = [
     "TextSplit",
     "PreparedSplit",
     "HubUnreachableError",
-    "NPY_HEADER_SIZE",
     "gpt2_encoding",
     "hub_reachable",
     "load_text_splits",
     "carve_validation",
     "tokenize_documents",
-    "npy_header",
-    "write_token_file",
     "clean_stale_temp_files",
     "settings_fingerprint",
     "shard_path",
@@ -223,7 +220,7 @@ def _write_split(
     chunk_docs: int,
     progress: bool,
 ) -> list[dict[str, Any]]:
-    """Tokenize split into output's files (shards: staged), then publish them with sidecars."""
+    """Tokenize split into output's files in a staging folder, then swap them in with sidecars."""
     skipped = SkipCount()
     texts = document_texts(split, skipped)
     placement = output.settings["eot_placement"]
@@ -239,16 +236,15 @@ def _write_split(
         bar.update(skipped.read_docs - bar.n)
 
     count = DocumentCount(enc.eot_token, show_read)
-    staging = make_staging_folder(output.folder, split.name) if output.sharded else None
+    staging = make_staging_folder(output.folder, split.name)
     try:
         with bar, contextlib.closing(chunks):  # closing: stop the worker threads if writing fails
             written = write_files(output, chunks, count, staging)
         source = {**split.source, "n_empty_docs_skipped": skipped.empty_docs}
-        metas = describe(output, written, source)
+        metas = complete_sidecars(output, written, source, staging)
         publish(output, staging, metas)
     finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return metas
 
 
@@ -373,6 +369,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--force", action="store_true", help="rebuild even when the outputs are up to date"
     )
+    parser.add_argument(
+        "--verify",
+        nargs="+",
+        metavar="PATH",
+        help="write nothing; check these token files (paths or quoted globs) in full: every "
+        "sidecar field, the sha256, every id, shard sets. One line a file; exit status 1 on a "
+        "problem",
+    )
     return parser
 
 
@@ -441,6 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: prepare every split and print one summary line per split."""
     parser = _parser()
     args = vars(parser.parse_args(argv))
+    patterns = args.pop("verify")
+    if patterns is not None:
+        return _verify(parser, args, patterns)
     try:  # prepare() checks them too: here a bad one is a usage error (exit status 2)
         check_prep_arguments(**{k: v for k, v in args.items() if k not in UNCHECKED})
     except (TypeError, ValueError) as e:
@@ -465,6 +472,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if warning is not None:
         print(warning, file=sys.stderr)
     return 0
+
+
+def _verify(parser: argparse.ArgumentParser, args: dict[str, Any], patterns: list[str]) -> int:
+    """--verify: every check of the files that patterns name, one line a file; 0 if all pass."""
+    given = [key for key, value in args.items() if value != parser.get_default(key)]
+    if given:
+        option = "--" + given[0].replace("_", "-")
+        parser.error(f"--verify checks files and writes nothing: leave out {option}")
+    checked = verify_files(patterns)
+    for file in checked:
+        print(file.line())
+    return 0 if all(not file.problems for file in checked) else 1
 
 
 def _exit_on_sigterm() -> Any:

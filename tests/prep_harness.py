@@ -10,12 +10,13 @@ once and fork afterwards, so a test pays for one interpreter start, not one per 
 
 A kill point STAGE:K sends SIGKILL to the process when the K-th call (counted from 1) of a function
 is about to run, so nothing after that point happens and no cleanup code runs:
-    chunk    prep_outputs._as_token_array, called once per tokenized chunk just before its
-             bytes are written: K = k + 1 dies with k chunks written to the temp file
-    replace  os.replace (counted from the first token file on), the atomic rename of a
-             finished, fsynced temp file
-    sidecar  prep_outputs.write_sidecar, just after the token file was renamed into place
-    split    prep_outputs.write_token_file, the start of a split's token file
+    chunk    a tokenized chunk handed to write_tokens (prep_outputs.DocumentCount.passing yields
+             each), just before its bytes are written: K = k + 1 dies with k chunks in a temp file
+    replace  os.replace (counted from the first token file on): write_tokens' renames in the
+             staging folder (a token file, then its sidecar), then the swap's into the output folder
+    sidecar  os.replace of a sidecar from the staging folder into the output folder: its token
+             file is in place already
+    split    prep_outputs.write_tokens, the start of a token file (each shard's too)
 
 --file-size-limit BYTES sets RLIMIT_FSIZE when the first token file starts (so datasets' own cache
 files are not affected) and ignores SIGXFSZ, so a write past the limit raises OSError(EFBIG).
@@ -37,13 +38,14 @@ import prep_outputs  # noqa: E402 (imported after the sys.path line above)
 import prepare_tokens as pt  # noqa: E402 (imported after the sys.path line above)
 
 
-def _kill_on_call(owner: object, name: str, k: int) -> None:
+def _kill_on_call(owner: object, name: str, k: int, counted=lambda *args: True) -> None:
+    """Kill the process at the K-th call of owner.name whose arguments counted() accepts."""
     original = getattr(owner, name)
     calls = 0
 
     def wrapper(*args, **kwargs):
         nonlocal calls
-        calls += 1
+        calls += counted(*args)
         if calls == k:
             os.kill(os.getpid(), signal.SIGKILL)
         return original(*args, **kwargs)
@@ -51,9 +53,32 @@ def _kill_on_call(owner: object, name: str, k: int) -> None:
     setattr(owner, name, wrapper)
 
 
+def _kill_on_chunk(k: int) -> None:
+    """Kill the process when the K-th chunk is about to go to write_tokens."""
+    original = prep_outputs.DocumentCount.passing
+    chunks = 0
+
+    def passing(self, pieces):
+        nonlocal chunks
+        for ids in original(self, pieces):
+            chunks += 1
+            if chunks == k:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield ids
+
+    prep_outputs.DocumentCount.passing = passing
+
+
+def _moves_a_sidecar_in(src, dst, *args) -> bool:
+    """An os.replace of a sidecar out of a prep run's staging folder (not one inside it)."""
+    staging = prep_outputs.STAGING_NAME.fullmatch
+    leaves = staging(Path(src).parent.name) and not staging(Path(dst).parent.name)
+    return bool(leaves) and str(dst).endswith(".json")
+
+
 def _when_the_first_token_file_starts(action) -> None:
-    """Run action() once, when write_token_file is first called: after datasets wrote its cache."""
-    original = prep_outputs.write_token_file
+    """Run action() once, when write_tokens is first called: after datasets wrote its cache."""
+    original = prep_outputs.write_tokens
     done = False
 
     def wrapper(*args, **kwargs):
@@ -63,7 +88,7 @@ def _when_the_first_token_file_starts(action) -> None:
             action()
         return original(*args, **kwargs)
 
-    prep_outputs.write_token_file = wrapper
+    prep_outputs.write_tokens = wrapper
 
 
 def _limit_file_size(limit: int) -> None:
@@ -71,20 +96,19 @@ def _limit_file_size(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
-STAGES = {
-    "chunk": (prep_outputs, "_as_token_array"),
-    "replace": (os, "replace"),
-    "sidecar": (prep_outputs, "write_sidecar"),
-    "split": (prep_outputs, "write_token_file"),
-}
+STAGES = ("chunk", "replace", "sidecar", "split")
 
 
 def _install_kill(point: str) -> None:
     stage, k = point.split(":")
-    if stage == "replace":  # datasets may rename its own cache files first: count ours only
-        _when_the_first_token_file_starts(lambda: _kill_on_call(*STAGES[stage], int(k)))
+    if stage == "chunk":
+        _kill_on_chunk(int(k))
+    elif stage == "replace":  # datasets may rename its own cache files first: count ours only
+        _when_the_first_token_file_starts(lambda: _kill_on_call(os, "replace", int(k)))
+    elif stage == "sidecar":
+        _kill_on_call(os, "replace", int(k), counted=_moves_a_sidecar_in)
     else:
-        _kill_on_call(*STAGES[stage], int(k))
+        _kill_on_call(prep_outputs, "write_tokens", int(k))
 
 
 def _fork(run) -> int:

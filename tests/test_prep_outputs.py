@@ -1,12 +1,11 @@
-"""What prepare_tokens.py writes: .npy, .bin and llm.c layouts, headers, sidecars, the writer's
-checks, the output folder, names, links and modes, and the command line's output.
+"""What prepare_tokens.py writes: .npy, .bin and llm.c layouts, headers, sidecars, the ids it
+refuses, the output folder, names, links and modes, and the command line's output.
 
 Catalogue items 29, 31, 64, 71, 75, 76, 80, 82 and 87 (tests/bad_inputs.md).
 """
 
 import ast
 import hashlib
-import io
 import json
 import os
 import re
@@ -40,7 +39,10 @@ from conftest import (
     reference_tokens,
     text_split,
 )
-from npy_datasets import open_tokens, probe_sha256, read_npy_header, read_sidecar, sidecar_path
+from npy_datasets import PROBE_BYTES, open_tokens, read_sidecar
+from prep_outputs import sidecar_path
+
+NPY_HEADER_BYTES = 128  # write_tokens' .npy header: numpy pads it to 128 bytes for any shape
 
 # datasets' Arrow copies of the fixtures go to a temporary folder (conftest.datasets_cache)
 pytestmark = pytest.mark.usefixtures("datasets_cache")
@@ -60,17 +62,8 @@ def test_npy_is_a_real_npy_with_a_64_byte_aligned_header(tmp_path):
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
         offset = f.tell()
     assert (shape, fortran, dtype) == (loaded.shape, False, np.dtype(np.uint16))
-    assert offset % 64 == 0 and offset == pt.NPY_HEADER_SIZE
-    assert read_npy_header(path)[1:] == (np.dtype("<u2"), loaded.shape, offset)
-
-
-@pytest.mark.parametrize("n_tokens", [0, 1, 123_456_789, 2**63 - 1])
-def test_npy_header_has_the_same_length_for_any_count(n_tokens):
-    header = pt.npy_header(np.uint32, n_tokens)
-    assert len(header) == pt.NPY_HEADER_SIZE
-    f = io.BytesIO(header)
-    assert np.lib.format.read_magic(f) == (1, 0)
-    assert np.lib.format.read_array_header_1_0(f) == ((n_tokens,), False, np.dtype("<u4"))
+    assert offset % 64 == 0 and offset == NPY_HEADER_BYTES
+    assert mapped.offset == offset and path.stat().st_size == offset + 2 * loaded.size
 
 
 def test_bin_layout_is_the_npy_data_without_header(tmp_path):
@@ -79,7 +72,7 @@ def test_bin_layout_is_the_npy_data_without_header(tmp_path):
     results = prepare(data, tmp_path / "bin", layout="bin")
     npy_bytes = (tmp_path / "npy" / "train.npy").read_bytes()
     bin_path = tmp_path / "bin" / "train.bin"
-    assert bin_path.read_bytes() == npy_bytes[pt.NPY_HEADER_SIZE :]
+    assert bin_path.read_bytes() == npy_bytes[NPY_HEADER_BYTES:]
     meta = results["train"].meta
     assert (meta["layout"], meta["file"], meta["dtype"]) == ("bin", "train.bin", "uint16")
     assert sidecar_path(bin_path).name == "train.bin.json"
@@ -221,7 +214,7 @@ def test_sidecar_fields_describe_the_file(tmp_path):
         "n_tokens": tokens.size,
         "file_size": path.stat().st_size,
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "probe_sha256": probe_sha256(path),
+        "probe_sha256": probe(path),
         "tokenizer": "tiktoken:gpt2",
         "n_vocab": 50257,
         "eot_id": EOT,
@@ -231,6 +224,7 @@ def test_sidecar_fields_describe_the_file(tmp_path):
         "created_by": "prepare_tokens.py",
     }
     assert {k: meta[k] for k in expected} == expected
+    assert sorted(meta) == sorted([*expected, "settings_fingerprint", "source"])  # nothing else
     source = meta["source"]
     assert source["dataset"] == str(data)
     assert (source["split"], source["from_split"], source["column"]) == ("train", "train", "text")
@@ -242,30 +236,31 @@ def test_sidecar_fields_describe_the_file(tmp_path):
     assert open_tokens(path, verify=True).shape == tokens.shape
 
 
-# --- the writer ---------------------------------------------------------------------------------
+def probe(path: Path) -> str:
+    """The sidecar's probe_sha256: sha256 of a file's first and last 64 KiB (all of a smaller one)."""
+    data = path.read_bytes()
+    tail = data[max(PROBE_BYTES, len(data) - PROBE_BYTES) :]
+    return hashlib.sha256(data[:PROBE_BYTES] + tail).hexdigest()
 
 
-def test_id_that_does_not_fit_the_dtype_raises_instead_of_wrapping(tmp_path):
+# --- the ids it refuses -------------------------------------------------------------------------
+
+
+def test_id_that_does_not_fit_the_dtype_raises_instead_of_wrapping(tmp_path, monkeypatch):
     assert np.array([70000]).astype(np.uint16)[0] == 4464  # what a bare cast would silently write
-    path = tmp_path / "train.npy"
-    with pytest.raises(ValueError, match=r"token id 70000 does not fit uint16.*uint32"):
-        pt.write_token_file([np.array([1, 2]), np.array([5, 70000])], path, np.uint16)
-    with pytest.raises(ValueError, match=r"token id -1 does not fit uint16"):
-        pt.write_token_file([np.array([-1, 2])], path, np.uint16)
-    assert list(tmp_path.iterdir()) == []
-    stats = pt.write_token_file([np.array([1, 70000])], tmp_path / "wide.npy", np.uint32)
-    assert (stats["n_tokens"], stats["max_token_id"]) == (2, 70000)
-    np.testing.assert_array_equal(
-        np.load(tmp_path / "wide.npy"), np.array([1, 70000], dtype=np.uint32)
-    )
+    data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
+    prepare(data, out, splits=["train"])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
 
+    def a_bad_id(*args, **kwargs):
+        yield np.array([EOT, 1, 2], dtype=np.uint32)
+        yield np.array([EOT, 70000], dtype=np.uint32)  # past GPT-2's 50,257 ids, and uint16's
 
-def test_write_token_file_refuses_empty_output_and_wrong_suffix(tmp_path):
-    with pytest.raises(ValueError, match="no tokens"):
-        pt.write_token_file([np.array([], dtype=np.int64)], tmp_path / "train.npy")
-    with pytest.raises(ValueError, match=r"must end in \.bin"):
-        pt.write_token_file([np.array([1])], tmp_path / "train.npy", layout="bin")
-    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(pt, "tokenize_documents", a_bad_id)
+    for shard_tokens in (None, 2):  # one file, or the third shard
+        with pytest.raises(ValueError, match=r"token id 70000 is "):
+            prepare(data, out, splits=["train"], force=True, shard_tokens=shard_tokens)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging folder left
 
 
 def test_item_64_prep_streams_and_never_preallocates():
@@ -277,7 +272,7 @@ def test_item_64_prep_streams_and_never_preallocates():
             for n in ast.walk(tree)
             if isinstance(n, (ast.Attribute, ast.Name))
         }
-    assert "write_token_file" in names  # the files were read
+    assert "write_tokens" in names  # the files were read
     # a sparse or preallocated memmap turns a full disk into SIGBUS; streaming writes turn it into OSError
     assert not names & {
         "memmap",
@@ -416,14 +411,18 @@ def test_item_76_planted_symlinks(tmp_path, monkeypatch):
     assert victim.read_text() == "precious"
     assert not (out / "train.npy").is_symlink() and not (out / "train.npy.json").is_symlink()
     assert nd.open_tokens(out / "train.npy", verify=True).size > 0
-    # A link planted at the next temp name: O_EXCL refuses to open it, and a fresh name is drawn.
-    names = iter(["deadbeef", "cafef00d"])
-    monkeypatch.setattr(secrets, "token_hex", lambda n: next(names))
-    planted = out / f".train.bin.tmp.{os.getpid()}.deadbeef"
-    planted.symlink_to(victim)
-    pt.write_token_file([np.arange(5)], out / "train.bin", layout="bin")
-    assert victim.read_text() == "precious" and planted.is_symlink()
-    assert np.fromfile(out / "train.bin", dtype=np.uint16).tolist() == [0, 1, 2, 3, 4]
+    # A link planted at the next staging folder's name: mkdir refuses it, and a fresh name is drawn.
+    real_token_hex = secrets.token_hex
+    drawn = iter(["deadbeef"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n: next(drawn, None) or real_token_hex(n))
+    planted = out / f".prepare_tokens.tmp.{os.getpid()}.deadbeef.train"
+    victim_folder = tmp_path / "victim_folder"
+    victim_folder.mkdir()
+    planted.symlink_to(victim_folder)
+    assert prepare_on_one_thread(data, out, splits=["train"], layout="bin")["train"].written
+    assert next(drawn, None) is None  # the planted name was drawn first
+    assert list(victim_folder.iterdir()) == [] and planted.is_symlink()
+    assert nd.open_tokens(out / "train.bin", verify=True).size > 0
 
 
 def test_item_80_output_modes_follow_the_umask(tmp_path):

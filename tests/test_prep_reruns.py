@@ -31,7 +31,8 @@ from conftest import (
     prepare_on_one_thread,
     write_jsonl,
 )
-from npy_datasets import TokenFileError, open_tokens, read_sidecar, sidecar_path
+from npy_datasets import TokenFileError, open_tokens, read_sidecar
+from prep_outputs import sidecar_path
 
 # datasets' Arrow copies of the fixtures go to a temporary folder (conftest.datasets_cache)
 pytestmark = pytest.mark.usefixtures("datasets_cache")
@@ -39,6 +40,11 @@ pytestmark = pytest.mark.usefixtures("datasets_cache")
 
 def temp_files(folder: Path) -> list[str]:
     return [p.name for p in folder.iterdir() if ".tmp." in p.name]
+
+
+def staging_name(pid: int, random: str, split: str = "train") -> str:
+    """A prep run's staging folder, as make_staging_folder names it."""
+    return f".prepare_tokens.tmp.{pid}.{random}.{split}"
 
 
 # --- reruns -------------------------------------------------------------------------------------
@@ -162,17 +168,6 @@ def test_shards_hold_exactly_shard_tokens_and_concatenate_to_the_one_file(tmp_pa
 
 
 def test_max_token_id_is_the_largest_id_of_every_chunk_not_the_first(tmp_path):
-    chunks = [
-        np.array([3, 1]),
-        np.array([], dtype=np.uint32),
-        np.array([7, 60000, 2]),
-        np.array([9]),
-    ]
-    assert (
-        pt.write_token_file(chunks, tmp_path / "t.npy")["max_token_id"]
-        == 60000
-        == np.load(tmp_path / "t.npy").max()
-    )
     data = make_dataset(
         tmp_path / "in", MANY[:20], ["v"]
     )  # shards of 7 ids: some hold no EOT, the largest id
@@ -228,30 +223,6 @@ def test_sharding_refuses_to_touch_another_splits_file_with_a_shard_name(tmp_pat
     assert names == ["train_000001.npy", "train_000001.npy.json"]
 
 
-def test_the_dataset_warns_when_a_shard_set_is_incomplete_or_repeated(tmp_path):
-    import warnings
-
-    from npy_datasets import NpyTokensDataset
-
-    data = make_dataset(tmp_path / "in", MANY, MANY[:3])
-    result = prepare(data, tmp_path / "out", shard_tokens=300, splits=["train"])["train"]
-    k = len(result.shards)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the whole set, in any order: no warning
-        NpyTokensDataset(result.path, 8)
-        NpyTokensDataset(list(reversed(result.shards)), 8)
-    with pytest.warns(
-        UserWarning,
-        match=rf"of {k} shards written together, missing \[1, 3, 4, .*\], twice none",
-    ):
-        NpyTokensDataset([result.shards[0], result.shards[2]], 8)
-    with pytest.warns(UserWarning) as caught:
-        NpyTokensDataset([*result.shards, result.shards[0]], 8)
-    said = [str(w.message) for w in caught]
-    assert any("missing none, twice [0]" in m for m in said), said
-    assert any("is given more than once (its windows repeat)" in m for m in said), said
-
-
 def test_cli_shard_tokens_writes_shards_the_dataset_reads_by_glob(tmp_path):
     from npy_datasets import NpyTokensDataset
 
@@ -272,7 +243,7 @@ def test_cli_shard_tokens_writes_shards_the_dataset_reads_by_glob(tmp_path):
         f"validation: 180 docs, 35,098 tokens, uint16 -> {pattern.with_name('validation_' + '[0-9]' * 6 + '.npy')} (1 shard, written)",
     ]
     ds = NpyTokensDataset(str(pattern), 256)
-    assert [f.row_len for f in ds.files] == [100_000, 100_000, 100_000, 42_147]
+    assert [f.shape for f in ds.files] == [(100_000,), (100_000,), (100_000,), (42_147,)]
     assert len(ds) == 3 * (99_999 // 256) + 42_146 // 256
 
 
@@ -285,29 +256,27 @@ def test_interrupted_write_leaves_nothing_and_keeps_earlier_output(tmp_path, mon
         yield np.array([EOT, 3])
         raise KeyboardInterrupt
 
-    fresh = tmp_path / "fresh" / "train.npy"
-    fresh.parent.mkdir()
-    with pytest.raises(KeyboardInterrupt):
-        pt.write_token_file(two_chunks_then_ctrl_c(), fresh)
-    assert list(fresh.parent.iterdir()) == []
-
     data, out = make_dataset(tmp_path / "in", MANY, ["v"]), tmp_path / "out"
     prepare(data, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     monkeypatch.setattr(pt, "tokenize_documents", two_chunks_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        prepare(data, out, force=True)
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, no temp files
+    for shard_tokens in (None, 2):  # one file; shards, the second one half written
+        with pytest.raises(KeyboardInterrupt):
+            prepare(data, out, force=True, shard_tokens=shard_tokens)
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, no temp files
 
 
 def test_crash_between_data_and_sidecar_leaves_no_sidecar(tmp_path, monkeypatch):
     data, out = make_dataset(tmp_path / "in", MANY, ["v"]), tmp_path / "out"
     prepare(data, out)
+    real_replace = os.replace
 
-    def crash(*args, **kwargs):
-        raise OSError("simulated power cut before the sidecar")
+    def crash_before_a_sidecar_moves_in(src, dst):
+        if Path(dst).parent == out and str(dst).endswith(".json"):
+            raise OSError("simulated power cut before the sidecar")
+        real_replace(src, dst)
 
-    monkeypatch.setattr(prep_outputs, "write_sidecar", crash)
+    monkeypatch.setattr(os, "replace", crash_before_a_sidecar_moves_in)
     with pytest.raises(OSError, match="simulated"):
         prepare(data, out, force=True)
     assert (out / "train.npy").is_file() and not (out / "train.npy.json").exists()
@@ -322,16 +291,16 @@ def test_a_failed_sharded_rebuild_keeps_the_previous_shards_whole(tmp_path, monk
     before = prepare(data, out, shard_tokens=300)["train"]
     snapshot = {p.name: p.read_bytes() for p in out.iterdir()}
     tokens = np.concatenate([np.load(p) for p in before.shards])
-    real = prep_outputs.write_token_file
+    real = prep_outputs.write_tokens
     calls = []
 
-    def interrupted_on_the_third_shard(chunks, path, *args, **kwargs):
+    def interrupted_on_the_third_shard(path, ids, **kwargs):
         calls.append(Path(path))
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(chunks, path, *args, **kwargs)
+        return real(path, ids, **kwargs)
 
-    monkeypatch.setattr(prep_outputs, "write_token_file", interrupted_on_the_third_shard)
+    monkeypatch.setattr(prep_outputs, "write_tokens", interrupted_on_the_third_shard)
     with pytest.raises(KeyboardInterrupt):
         prepare(data, out, shard_tokens=200, splits=["train"])  # other settings: a rebuild
     assert all(
@@ -372,9 +341,7 @@ def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, m
 
     def ctrl_c_after_the_first_rename(src, dst):
         real_replace(src, dst)
-        if (
-            Path(dst).parent != out or Path(src).parent == out
-        ):  # a temp file's rename, not the swap's
+        if Path(dst).parent != out or str(dst).endswith(".json"):  # in staging, or a sidecar
             return
         renames.append(Path(dst))
         if len(renames) == 1:
@@ -399,22 +366,25 @@ def test_ctrl_c_during_the_swap_waits_until_the_new_shards_are_whole(tmp_path, m
 def test_stale_temp_files_of_dead_runs_are_removed(tmp_path):
     data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
     out.mkdir()
-    dead = out / ".train.npy.tmp.999999999.deadbeef"  # far above any possible pid
-    reused = out / f".train.npy.tmp.{os.getppid()}.cafef00d"  # a live pid, not a live run: no lock
-    other = out / "notes.tmp.txt"
-    for p in (dead, reused, other):
-        p.write_bytes(b"x")
+    dead = out / staging_name(999999999, "deadbeef")  # far above any possible pid
+    reused = out / staging_name(os.getppid(), "cafef00d")  # a live pid, not a live run: no lock
+    for folder in (dead, reused):
+        folder.mkdir()
+        (folder / "train.npy").write_bytes(b"half a file")
+    kept = [out / "notes.tmp.txt", out / ".prepare_tokens.tmp.1.deadbeef"]  # not staging folders
+    for path in kept:
+        path.write_bytes(b"x")
     prepare(data, out)
-    assert not dead.exists() and not reused.exists() and other.exists()
+    assert not dead.exists() and not reused.exists() and all(path.exists() for path in kept)
 
 
 def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
-    staging = tmp_path / ".train_shards.tmp.1.0badc0de"  # pid 1 lives, but holds no lock here
+    staging = tmp_path / staging_name(1, "0badc0de")  # pid 1 lives, but holds no lock here
     staging.mkdir()
     (staging / "train_000000.npy").write_bytes(b"half a shard")
     victim = tmp_path / "victim"
     victim.mkdir()
-    planted = tmp_path / ".validation_shards.tmp.2.0badc0de"
+    planted = tmp_path / staging_name(2, "0badc0de", "validation")
     planted.symlink_to(victim)  # a link with a staging folder's name: never followed
     assert pt.clean_stale_temp_files(tmp_path) == [staging]
     assert not staging.exists() and planted.is_symlink() and victim.is_dir()
@@ -432,7 +402,7 @@ def test_item_83_damage_of_the_same_size_is_rebuilt_without_force(tmp_path):
     damaged = bytearray(good)
     damaged[200] ^= 0xFF  # in the first 64 KiB, after the header: the probe covers it
     path.write_bytes(bytes(damaged))
-    with pytest.raises(TokenFileError, match="write it again, or rerun the prep step"):
+    with pytest.raises(TokenFileError, match="probe_sha256"):
         open_tokens(path)  # the loader refuses it and sends the user here
     again = prepare(data, out)["train"]
     assert again.written and path.read_bytes() == good  # rebuilt, without --force
@@ -447,10 +417,11 @@ def test_item_84_a_live_run_that_this_run_cannot_see_keeps_its_temp_files(tmp_pa
 
     data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
     out.mkdir()
-    temp = out / ".train.npy.tmp.999999999.deadbeef"  # a pid from another PID namespace
-    staging = out / ".train_shards.tmp.999999999.0badc0de"
-    temp.write_bytes(b"half a file")
+    staging = out / staging_name(999999999, "0badc0de")  # a pid from another PID namespace
     staging.mkdir()
+    (staging / "train.npy").write_bytes(b"half a file")
+    temp = out / ".train.npy.tmp.999999999.deadbeef"  # write_tokens' own: never prep's to remove
+    temp.write_bytes(b"half a file")
     holder = subprocess.Popen(  # the other run: it holds the folder's lock until its stdin closes
         [
             sys.executable,
@@ -476,9 +447,63 @@ def test_item_84_a_live_run_that_this_run_cannot_see_keeps_its_temp_files(tmp_pa
         holder.communicate("", timeout=60)  # the other run ends, and its lock with it
     run.join(60)
     assert not run.is_alive() and outcome["train"].written
-    assert not temp.exists() and not staging.exists()  # now a dead run's: removed
+    assert not staging.exists() and temp.exists()  # now a dead run's: removed; the other kept
     assert "waiting for another prep run" in capsys.readouterr().err
     assert prep_outputs.LOCK_NAME == LOCK
+
+
+def test_a_prep_run_leaves_a_live_write_tokens_temp_file_alone(tmp_path):
+    """Issue 26.7: write_tokens takes no prep lock, so its temp file is never a dead run's."""
+    import threading
+
+    data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
+    out.mkdir()
+    halfway, resume = threading.Event(), threading.Event()
+
+    def ids():
+        yield np.arange(10)
+        halfway.set()
+        resume.wait(60)  # a prep run writes into the same folder meanwhile
+        yield np.arange(10, 20)
+
+    outcome = {}
+
+    def write():
+        try:
+            nd.write_tokens(out / "mine.npy", ids(), n_vocab=100, tokenizer="test:arange", eot_id=0)
+        except Exception as error:  # handed to the test's thread
+            outcome["error"] = error
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    assert halfway.wait(60)
+    assert [name.startswith(".mine.npy.tmp.") for name in temp_files(out)] == [True]
+    assert prepare(data, out)["train"].written  # under the folder's lock: dead runs' files go
+    resume.set()
+    writer.join(60)
+    assert not writer.is_alive() and "error" not in outcome, outcome
+    assert open_tokens(out / "mine.npy", verify=True).tolist() == list(range(20))
+
+
+@pytest.mark.parametrize("kind", ["symbolic link", "folder", "FIFO"])
+def test_a_lock_file_that_cannot_lock_is_an_error_naming_it(tmp_path, kind):
+    """Issue 26.7: a link, a folder or a FIFO at the lock's name turned the lock off silently."""
+    data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
+    out.mkdir()
+    lock = out / LOCK
+    if kind == "symbolic link":
+        (tmp_path / "elsewhere").write_bytes(b"")
+        lock.symlink_to(tmp_path / "elsewhere")
+    elif kind == "folder":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+    message = f"{str(lock)!r} is a {kind}, not a lock file: .*; remove it, and run again"
+    with pytest.raises(ValueError, match=message):
+        prepare(data, out)
+    with pytest.raises(SystemExit, match=message):  # the command line: one line, exit status 1
+        pt.main(["--dataset", str(data), "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == [LOCK]  # nothing written
 
 
 def test_item_88_shard_tokens_that_divide_the_count_or_are_one(tmp_path):

@@ -1,0 +1,185 @@
+"""prepare_tokens.py --verify: an audit of token files that exist, one line a file.
+
+    python python_files/prepare_tokens.py --verify 'data/tinystories/train_*.npy'
+
+Opening a file (open_tokens) checks what a loader needs: the layout, the size, and the first and
+last 64 KiB against the sidecar. The audit adds what no open pays for: every sidecar field and its
+JSON type, the sha256 of the whole file, a scan of every id, and, over the files given together,
+a shard set with shards missing or repeated, and a file given twice.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+from npy_datasets import TokenFileError, open_tokens, read_sidecar
+
+SIDECAR_FIELDS = {  # every sidecar's fields, and their JSON types
+    "format": str,
+    "format_version": int,
+    "file": str,
+    "layout": str,
+    "dtype": str,
+    "shape": list,
+    "n_tokens": int,
+    "file_size": int,
+    "sha256": str,
+    "tokenizer": str,
+    "n_vocab": int,
+    "eot_id": int,
+    "max_token_id": int,
+    "eot_placement": str,
+}
+OPTIONAL_FIELDS = {"probe_sha256": str, "settings_fingerprint": str, "shard": dict}
+JSON_TYPES = {str: "string", int: "integer", list: "array", dict: "object"}
+SHOWN = 10  # missing shard indices a line lists, at most
+
+
+@dataclass
+class Checked:
+    """One file given to verify, and what the audit found."""
+
+    path: str  # as given, or as a glob matched it
+    problems: list[str] = field(default_factory=list)  # none: the file passed every check
+    sidecar: dict[str, Any] = field(default_factory=dict)  # {} unless it follows the schema
+
+    def line(self) -> str:
+        """'<path>: OK', or the path and every problem found."""
+        if not self.problems:
+            return f"{self.path}: OK"
+        return f"{self.path}: " + "; ".join(self.problems)
+
+
+def verify_files(patterns: Sequence[str]) -> list[Checked]:
+    """Every check, on the files that patterns (paths or globs) name, in their order."""
+    checked = []
+    first_seen: dict[str, str] = {}  # realpath -> the path it was first given as
+    for pattern in patterns:
+        paths = _expand(pattern)
+        if not paths:
+            checked.append(Checked(pattern, ["matches no file"]))
+        for path in paths:
+            real = os.path.realpath(path)
+            if real in first_seen:
+                twice = f"is given twice (the same file as {first_seen[real]})"
+                checked.append(Checked(path, [twice]))
+                continue
+            first_seen[real] = path
+            checked.append(_check_file(path))
+    _check_shard_sets(checked)
+    return checked
+
+
+def _expand(pattern: str) -> list[str]:
+    """pattern itself, or where no file has that name, the files it matches as a glob, sorted."""
+    if os.path.lexists(pattern) or not glob.has_magic(pattern):
+        return [pattern]
+    return sorted(glob.glob(pattern))
+
+
+def _check_file(path: str) -> Checked:
+    """One file's checks, each needing the one before: its sidecar's schema, open_tokens with
+    verify=True (layout, size, probe, sha256 against the sidecar), then a scan of every id."""
+    try:
+        meta = read_sidecar(path)  # its JSON, format and format_version
+    except TokenFileError as error:
+        return Checked(path, [_without_path(error, path)])
+    if meta is None:
+        there = "does not exist" if not os.path.lexists(path) else "has no sidecar to check against"
+        return Checked(path, [there])
+    problem = _sidecar_problem(meta)
+    if problem is not None:
+        return Checked(path, [problem])
+    try:
+        tokens = open_tokens(path, verify=True)
+    except (TokenFileError, OSError) as error:
+        return Checked(path, [_without_path(error, path)], meta)
+    top = int(tokens.max())  # one read of every id
+    if top >= meta["n_vocab"]:
+        outside = f"outside the vocabulary (n_vocab {meta['n_vocab']})"
+        return Checked(path, [f"holds the id {top}, {outside}"], meta)
+    if top != meta["max_token_id"]:
+        says = f"its sidecar's max_token_id is {meta['max_token_id']}"
+        return Checked(path, [f"holds ids up to {top}, but {says}"], meta)
+    return Checked(path, [], meta)
+
+
+def _without_path(error: Exception, path: str) -> str:
+    """error's message without the path it starts with: the line names the file already."""
+    text = str(error)
+    for start in (f"{path!r}: ", f"{path!r} "):
+        text = text.removeprefix(start)
+    return text
+
+
+def _sidecar_problem(meta: dict[str, Any]) -> str | None:
+    """The first way meta breaks the sidecar's schema, or None."""
+    fields = SIDECAR_FIELDS | {key: OPTIONAL_FIELDS[key] for key in OPTIONAL_FIELDS if key in meta}
+    for key, kind in fields.items():
+        if key not in meta:
+            return f"its sidecar has no {key!r}"
+        if type(meta[key]) is not kind:  # exact: a JSON true is a bool, not an int
+            return f"its sidecar's {key!r} is {meta[key]!r:.60}, not a JSON {JSON_TYPES[kind]}"
+    shape = meta["shape"]
+    if len(shape) not in (1, 2) or not all(type(n) is int and n > 0 for n in shape):
+        return f"its sidecar's shape {shape!r:.60} is not 1 or 2 positive integers"
+    if meta["n_tokens"] != math.prod(shape):
+        return f"its sidecar's n_tokens {meta['n_tokens']} is not the size of its shape {shape}"
+    for key in ("eot_id", "max_token_id"):
+        if not 0 <= meta[key] < meta["n_vocab"]:
+            outside = f"outside the vocabulary (n_vocab {meta['n_vocab']})"
+            return f"its sidecar's {key} {meta[key]} is {outside}"
+    if "shard" in meta:
+        index, count = meta["shard"].get("index"), meta["shard"].get("count")
+        if type(index) is not int or type(count) is not int or not 0 <= index < count:
+            place = "needs integers index and count, 0 <= index < count"
+            return f"its sidecar's shard {meta['shard']!r:.80} {place}"
+    return None
+
+
+def _check_shard_sets(checked: list[Checked]) -> None:
+    """Add the problems of each shard set to its files: shards written together share a
+    settings_fingerprint and a count, and each index from 0 to count - 1 is given once."""
+    sets: dict[Any, list[Checked]] = defaultdict(list)
+    for file in checked:
+        if "shard" in file.sidecar:
+            sets[file.sidecar.get("settings_fingerprint")].append(file)
+    for files in sets.values():
+        counts = sorted({file.sidecar["shard"]["count"] for file in files})
+        if len(counts) > 1:
+            for file in files:
+                file.problems.append(f"its shard set says {counts} shards: from different runs")
+            continue
+        given = Counter(file.sidecar["shard"]["index"] for file in files)
+        missing = _missing(given, counts[0])
+        for file in files:
+            index = file.sidecar["shard"]["index"]
+            if missing is not None:
+                not_given = f"shards {missing} of that set are not given"
+                file.problems.append(
+                    f"shard {index} of {counts[0]} written together, but {not_given}"
+                )
+            if given[index] > 1:
+                same = [other.path for other in files if other.sidecar["shard"]["index"] == index]
+                also = ", ".join(path for path in same if path != file.path)
+                file.problems.append(f"shard {index} is given twice: {also} has its index too")
+
+
+def _missing(given: Counter, count: int) -> str | None:
+    """The indices below count that given lacks, for a message (the first SHOWN, then how many
+    in all), or None. A count of a billion costs no more than a count of ten."""
+    n_missing = count - len(given)
+    if n_missing == 0:
+        return None
+    first = islice((index for index in range(count) if index not in given), SHOWN)
+    shown = ", ".join(map(str, first))
+    if n_missing > SHOWN:
+        return f"{shown}, ... ({n_missing:,} in all)"
+    return shown
