@@ -11,8 +11,7 @@ Copy this one file into your project: it needs Python 3.11+, numpy, torch and th
             x, y = to_device(batch, "cuda")  # int64, (32, 256) each: y is x shifted by one token
             ...  # loss = model(x, y); save train_loader.sampler.state_dict(consumed=step) with it
 
-Sections: 1. token files, 2. the dataset, 3. the sampler, 4. loaders. Importing the file imports
-numpy only, torch where it is used: a prep step can write token files without torch.
+Importing it imports numpy only (torch where used): a prep step can write token files without torch.
 """
 
 from __future__ import annotations
@@ -235,20 +234,16 @@ def sidecar_path(path: PathLike) -> Path:
 def read_sidecar(path: PathLike) -> dict[str, Any] | None:
     """A token file's JSON sidecar, or None; `prepare_tokens.py --verify` checks every field."""
     side = sidecar_path(path)
-    try:  # O_NONBLOCK: opening a FIFO must not wait for a writer
-        fd = os.open(side, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
+    if not os.path.lexists(side):
         return None
-    except OSError as error:  # a link loop, a permission: not the same as no sidecar
-        raise TokenFileError(f"{str(side)!r} cannot be read ({error.strerror}); fix or delete it")
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TokenFileError(f"{str(side)!r} is not a file: a sidecar is JSON, or absent")
-        text = f.read()
+    if not side.is_file():  # a FIFO would make the read below wait for a writer
+        raise TokenFileError(f"{str(side)!r} is not a file: a sidecar is JSON, or absent")
     try:
-        meta = json.loads(text)
-    except (ValueError, RecursionError) as error:  # ValueError: bad JSON or UTF-8
-        raise TokenFileError(f"{str(side)!r} is not JSON ({error}); write the file again") from None
+        meta = json.loads(side.read_bytes())
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: bad JSON or UTF-8
+        raise TokenFileError(
+            f"{str(side)!r} is no JSON to read ({error}); write it again"
+        ) from None
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f'{str(side)!r} is not a sidecar: it lacks "format": "npy-tokens"')
     version = meta.get("format_version")
