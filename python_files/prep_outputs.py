@@ -286,10 +286,9 @@ def complete_sidecars(
     first_token = 0
     for index, meta in enumerate(metas):
         meta = {**meta, "source": source, **_shard_field(output, index, len(metas), first_token)}
+        text = json.dumps(meta, sort_keys=True, indent=2) + "\n"  # laid out as write_tokens does
         with open(sidecar_path(staging / meta["file"]), "w", encoding="utf-8") as f:
-            f.write(
-                json.dumps(meta, sort_keys=True, indent=2) + "\n"
-            )  # as write_tokens lays it out
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         complete.append(meta)
