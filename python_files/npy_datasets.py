@@ -254,11 +254,7 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
 
 
 def open_tokens(
-    path: PathLike,
-    dtype: Any = None,
-    *,
-    vocab_size: int | None = None,
-    verify: bool = False,
+    path: PathLike, dtype: Any = None, *, vocab_size: int | None = None, verify: bool = False
 ) -> np.memmap:
     """A token file (.npy, llm.c shard, or raw ids of the sidecar's dtype or dtype=) as a
     read-only memmap; vocab_size refuses larger ids, verify=True checks the sha256 too."""
