@@ -1,14 +1,19 @@
-"""Resume a DataLoader over an EpochSampler from saved states in a fresh process, for tests/test_resume.py.
+"""A training run that is killed and resumed, for tests/test_resume.py.
 
-    python tests/resume_worker.py < jobs.json > results.json
+    python tests/resume_worker.py JOB_JSON
 
-stdin is a JSON list of jobs; each builds a new dataset and loader (build_loader), loads the job's
-state (a JSON string, as a checkpoint would hold it), then either records `stop_after` batches and
-the state after them (the sampler's state with the loop's own count of batches, so it is exact
-with workers too), or records every batch up to the end of epoch `epochs - 1`.
+JOB_JSON (a JSON object) gives the loader's settings (build_loader), `epochs`, a `checkpoint` path,
+a `log` path, and optionally `kill_at`, a global step. The run loads the checkpoint if there is
+one, then for every batch appends {"step", "x"} to the log (a JSON line) and replaces the checkpoint
+with {"step", "sampler": state_dict(consumed=step of this pass)}. Once step `kill_at` is saved it
+sends SIGKILL to its DataLoader workers and to itself, as an out-of-memory killer or a preempted
+node would: nothing runs after that, no cleanup and no exit handler.
 """
 
 import json
+import multiprocessing
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,13 +23,16 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_files"))
 import npy_datasets as nd  # noqa: E402 (imported after the sys.path line above)
 
+WORKER_TIMEOUT = 60  # seconds a worker may take for one batch: it fails a hang, never a slow run
+
 
 def build_loader(job: dict[str, Any]) -> DataLoader:
-    """A dataset and a DataLoader over a batching EpochSampler, from the job's settings."""
+    """A dataset and a DataLoader over an EpochSampler, from the job's settings."""
     ds = nd.NpyTokensDataset(job["paths"], job["seq_len"], **job.get("dataset", {}))
     sampler = nd.EpochSampler(ds, **job["sampler"])
     workers = job.get("num_workers", 0)
-    extra = {"persistent_workers": True, "prefetch_factor": 2, "timeout": 60} if workers else {}
+    extra = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
+    extra["timeout"] = WORKER_TIMEOUT if workers else 0
     return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers, **extra)
 
 
@@ -32,7 +40,7 @@ def record(
     loader: DataLoader, epochs: int, stop_after: int | None = None
 ) -> tuple[list[list[list[int]]], dict]:
     """Every batch's x rows until `stop_after` batches, or until the end of epoch `epochs - 1`, and
-    the state after the last batch recorded."""
+    the state after the last batch recorded (the loop's own count: exact with workers too)."""
     batches: list[list[list[int]]] = []
     state = loader.sampler.state_dict()
     while loader.sampler.epoch < epochs:
@@ -44,12 +52,30 @@ def record(
     return batches, state
 
 
-def run(job: dict[str, Any]) -> dict[str, Any]:
+def train(job: dict[str, Any]) -> None:
+    """Run until the end of epoch `epochs - 1`, or until killed at step `kill_at`."""
     loader = build_loader(job)
-    loader.sampler.load_state_dict(json.loads(job["state"]))
-    batches, state = record(loader, job["epochs"], job.get("stop_after"))
-    return {"batches": batches, "state": json.dumps(state)}
+    checkpoint = Path(job["checkpoint"])
+    step = 0  # the global step: batches trained since the first run began
+    if checkpoint.exists():
+        saved = json.loads(checkpoint.read_text())
+        loader.sampler.load_state_dict(saved["sampler"])
+        step = saved["step"]
+    with open(job["log"], "a") as log:
+        while loader.sampler.epoch < job["epochs"]:
+            for consumed, (x, _) in enumerate(loader, 1):
+                step += 1
+                log.write(json.dumps({"step": step, "x": x.tolist()}) + "\n")
+                log.flush()
+                state = {"step": step, "sampler": loader.sampler.state_dict(consumed=consumed)}
+                temporary = checkpoint.with_name(checkpoint.name + ".tmp")
+                temporary.write_text(json.dumps(state))
+                os.replace(temporary, checkpoint)  # a kill leaves the old checkpoint or the new
+                if step == job.get("kill_at"):
+                    for worker in multiprocessing.active_children():  # DataLoader's workers
+                        os.kill(worker.pid, signal.SIGKILL)
+                    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":
-    json.dump([run(job) for job in json.load(sys.stdin)], sys.stdout)
+    train(json.loads(sys.argv[1]))

@@ -1,12 +1,12 @@
-"""EpochSampler: each epoch's order, every rank's share of it, set_epoch, and the arguments it
-refuses. Resuming (state_dict, load_state_dict) is in test_resume.py.
+"""EpochSampler: each epoch's order, which epoch a pass is (set_epoch, loops that stop early, DataLoader
+workers that fetch ahead), every rank's share of an epoch, and the arguments it refuses. Resuming
+(state_dict, load_state_dict) is in test_resume.py.
 
-Catalogue items 50-52, 55 and 56 (tests/bad_inputs.md).
+Catalogue items 50, 51, 52, 55 and 56 (tests/bad_inputs.md).
 """
 
 import itertools
 import random
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -14,34 +14,64 @@ import torch
 from torch.utils.data import DataLoader
 
 import npy_datasets as nd
-from conftest import SEQ, WORKER_TIMEOUT, write_parts, write_tokens
+from conftest import SEQ, WORKER_TIMEOUT, write_parts
+
+BATCH = 8  # the batch size of the loaders below
+SEED = 3  # make_dataloaders' seed in the loaders below
+
+
+def train_loader(ds: nd.NpyTokensDataset, workers: int) -> DataLoader:
+    """make_dataloaders' training loader (persistent workers, prefetch_factor 2), with a timeout
+    that fails a hung worker instead of waiting for ever."""
+    loader, _ = nd.make_dataloaders(ds, batch_size=BATCH, num_workers=workers, seed=SEED)
+    loader.timeout = WORKER_TIMEOUT if workers else 0
+    return loader
+
+
+def expected_batches(ds: nd.NpyTokensDataset, epoch: int) -> list[list[int]]:
+    """The first token of each window of each batch the training loader gives in `epoch`: its
+    order (a permutation drawn from (seed, epoch)) cut into whole batches."""
+    order = np.random.default_rng([SEED, epoch]).permutation(len(ds))
+    firsts = ds[epoch, order][0][:, 0].tolist()
+    whole = len(firsts) // BATCH * BATCH  # drop_last: the short batch is left out
+    return [firsts[i : i + BATCH] for i in range(0, whole, BATCH)]
+
+
+def firsts(x: torch.Tensor) -> list[int]:
+    """The first token of each window of a batch: in an arange file, where the window starts."""
+    return x[:, 0].tolist()
+
 
 # --- orders and epochs --------------------------------------------------------------------------
 
 
-def test_epoch_sampler_permutations(arange_file):
-    sampler = nd.EpochSampler(range(10), seed=5)
+def test_each_epoch_is_a_permutation_drawn_from_seed_and_epoch():
+    sampler = nd.EpochSampler(range(10), seed=5, batch_size=3)
     first, second = list(sampler), list(sampler)
-    assert [e for e, _ in first] == [0] * 10 and [e for e, _ in second] == [1] * 10
-    assert sorted(i for _, i in first) == list(range(10)) and first != second
+    assert [e for e, _ in first] == [0] * 4 and [e for e, _ in second] == [1] * 4
+    assert [len(i) for _, i in first] == [3, 3, 3, 1]  # without drop_last the last batch is short
+    assert all(isinstance(i, np.ndarray) and i.dtype == np.int64 for _, i in first)
+    orders = [np.concatenate([i for _, i in p]).tolist() for p in (first, second)]
+    assert sorted(orders[0]) == sorted(orders[1]) == list(range(10)) and orders[0] != orders[1]
+    expected = np.random.default_rng([5, 0]).permutation(10).tolist()  # numpy draws the order
+    assert orders[0] == expected
     sampler.set_epoch(0)
-    assert list(sampler) == first
-    assert [i for _, i in nd.EpochSampler(range(4), shuffle=False)] == [0, 1, 2, 3]
-    with pytest.raises(ValueError):
-        sampler.set_epoch(-1)
+    assert [i.tolist() for _, i in sampler] == [i.tolist() for _, i in first]
+    in_order = nd.EpochSampler(range(4), shuffle=False, batch_size=3)
+    assert [i.tolist() for _, i in in_order] == [[0, 1, 2], [3]]
 
 
-def test_item_50_no_global_random_state(arange_file):
+def test_global_random_state_changes_no_window_and_no_order(arange_file):
     path = arange_file(5000)
     rand = nd.NpyTokensDataset(path, 7, mode="random", num_samples=50, seed=3)
 
     def draw():
-        sampler = nd.EpochSampler(rand, seed=3)
+        sampler = nd.EpochSampler(rand, seed=3, batch_size=7)
         return (
-            [rand[(e, i)][0][0].item() for e in (0, 1) for i in range(50)],
-            [rand[(e, 0)][0][0].item() for e in range(6)],
-            list(sampler),
-            list(sampler),
+            [rand[e, [i]][0][0, 0].item() for e in (0, 1) for i in range(50)],
+            [rand[e, [0]][0][0, 0].item() for e in range(6)],
+            [(e, i.tolist()) for e, i in sampler],
+            [(e, i.tolist()) for e, i in sampler],
         )
 
     for seed in (1, 2):  # the global generators, seeded and advanced differently, change nothing
@@ -58,31 +88,29 @@ def test_item_50_no_global_random_state(arange_file):
     windows = nd.NpyTokensDataset(path, 7)
     loader = DataLoader(
         windows,
-        batch_size=16,
-        sampler=nd.EpochSampler(windows, seed=5),
+        batch_size=None,
+        sampler=nd.EpochSampler(windows, seed=5, batch_size=16),
         num_workers=2,
         timeout=WORKER_TIMEOUT,
         multiprocessing_context="fork",
     )
-    starts = sorted(v for x, _ in loader for v in x[:, 0].tolist())
+    starts = sorted(v for x, _ in loader for v in firsts(x))
     assert starts == [7 * i for i in range(len(windows))]  # two workers, every window exactly once
 
 
-def test_item_52_every_iteration_is_the_next_epoch(arange_file):
+def test_each_pass_is_the_next_epoch_without_set_epoch(arange_file):
     ds = nd.NpyTokensDataset(arange_file(400), 8)  # 49 windows
-    train, _ = nd.make_dataloaders(ds, ds, batch_size=6, num_workers=0, seed=3)
-    epochs = [
-        [v for x, _ in train for v in x[:, 0].tolist()] for _ in range(3)
-    ]  # no set_epoch anywhere
-    assert all(len(set(e)) == len(e) == 48 for e in epochs)  # 8 batches of 6, one window dropped
+    train = train_loader(ds, 0)
+    epochs = [[v for x, _ in train for v in firsts(x)] for _ in range(3)]  # no set_epoch anywhere
+    assert all(len(set(e)) == len(e) == 48 for e in epochs)  # 6 batches of 8, one window dropped
     assert epochs[0] != epochs[1] != epochs[2] != epochs[0]
     train.sampler.set_epoch(1)  # choosing an epoch replays it
-    assert [v for x, _ in train for v in x[:, 0].tolist()] == epochs[1]
+    assert [v for x, _ in train for v in firsts(x)] == epochs[1]
 
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_iterators_made_and_dropped_do_not_skip_epochs(tmp_path, persistent):
-    sampler = nd.EpochSampler(range(10), seed=1)
+    sampler = nd.EpochSampler(range(10), seed=1, batch_size=3)
     for _ in range(3):
         iter(sampler)  # made and dropped unused, as DataLoader's multiprocessing iterator does
     assert {epoch for epoch, _ in sampler} == {0}
@@ -100,19 +128,96 @@ def test_iterators_made_and_dropped_do_not_skip_epochs(tmp_path, persistent):
     assert two_epochs(2) == (reference, 2)
 
 
-def test_sampler_and_sidecar_arguments_that_would_be_ignored_are_refused(arange_file, tmp_path):
-    with pytest.raises(ValueError, match="drop_last=True needs a batch_size"):
-        nd.EpochSampler(range(10), drop_last=True)
-    path = write_tokens(tmp_path / "old.npy", np.arange(100, dtype=np.uint16), format_version=-5)
-    with pytest.raises(nd.TokenFileError, match=r"format_version -5, not a version \(1, 2, ...\)"):
-        nd.open_tokens(path)
-    raw = arange_file(100, name="raw.npy", sidecar=False)
-    with pytest.raises(TypeError, match="vocab_size must be an int"):
-        nd.open_tokens(raw, vocab_size=50257.0)
-    ds = nd.NpyTokensDataset(raw, 8)
-    with pytest.raises(IndexError, match="file -1 is out of range for a dataset of 1 files"):
-        ds.memmap(-1)
-    assert ds.memmap(0)[5] == 5
+# --- which epoch a pass is: loops that stop early, set_epoch, workers that fetch ahead ----------
+
+
+def full_for(loader):
+    return [firsts(x) for x, _ in loader]
+
+
+def zip_range_len(loader):
+    return [firsts(x) for _, (x, _) in zip(range(len(loader)), loader)]
+
+
+def islice_len(loader):
+    return [firsts(x) for x, _ in itertools.islice(loader, len(loader))]
+
+
+def break_at_the_last_step(loader):
+    taken = []
+    for step, (x, _) in enumerate(loader, 1):
+        taken.append(firsts(x))
+        if step == len(loader):
+            break
+    return taken
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_loop_that_takes_exactly_len_batches_moves_on_to_the_next_epoch(arange_file, workers):
+    """Issue 26: with 0 workers these loops never ran a pass to its end and replayed epoch 0 for
+    ever; with workers they moved on. Every loop form now sees epochs 0, 1, 2 with any workers."""
+    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 49 windows: 6 batches of 8 an epoch
+    epochs = [expected_batches(ds, e) for e in range(4)]
+    for loop in (full_for, zip_range_len, islice_len, break_at_the_last_step):
+        loader = train_loader(ds, workers)
+        seen = []
+        for done in range(1, 4):
+            batches = loop(loader)
+            seen.append(epochs.index(batches) if batches in epochs else batches)
+            state = loader.sampler.state_dict(consumed=len(loader))
+            assert loader.sampler.epoch == state["epoch"] == done, (loop.__name__, seen)
+        assert seen == [0, 1, 2], loop.__name__  # the same batches for 0, 1 and 2 workers
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_during_a_pass_chooses_the_pass_after_it(arange_file, workers):
+    """Issue 26: set_epoch(7) in the middle of epoch 0 made the pass after it epoch 1 once epoch 0
+    ran to its end. The running pass ends as it began; the next one is epoch 7."""
+    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 6 batches of 8 an epoch
+    loader = train_loader(ds, workers)
+    running = []
+    for step, (x, _) in enumerate(loader, 1):
+        running.append(firsts(x))
+        if step == 2:
+            loader.sampler.set_epoch(7)
+    assert running == expected_batches(ds, 0)
+    state = loader.sampler.state_dict()
+    assert loader.sampler.epoch == 7 and (state["epoch"], state["position"]) == (7, 0)
+    assert full_for(loader) == expected_batches(ds, 7)
+    assert full_for(loader) == expected_batches(ds, 8)  # and on from there
+    for step, _ in enumerate(loader, 1):  # a loop that chooses an epoch, then leaves
+        if step == 1:
+            loader.sampler.set_epoch(3)
+            break
+    assert loader.sampler.epoch == 3 and full_for(loader) == expected_batches(ds, 3)
+
+
+def peek(loader):
+    next(iter(loader))
+
+
+def break_at_step_4(loader):
+    for step, _ in enumerate(loader, 1):
+        if step == 4:
+            break
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_that_calls_set_epoch_gets_its_epochs_whatever_workers_fetched(arange_file, workers):
+    """Workers fetch num_workers * prefetch_factor = 4 batches ahead: a peek at an epoch of 3
+    batches, or a break at step 4 of 6, has handed out the whole epoch, which then counts as done
+    (the docstring says so). A loop that calls set_epoch(epoch) first gets epochs 0, 1, 2 anyway."""
+    short = nd.NpyTokensDataset(arange_file(200, name="short.npy"), 8)  # 3 batches of 8 an epoch
+    longer = nd.NpyTokensDataset(arange_file(400, name="longer.npy"), 8)  # 6 batches of 8
+    for ds, interrupt in ((short, peek), (longer, break_at_step_4)):
+        loader = train_loader(ds, workers)
+        interrupt(loader)
+        assert loader.sampler.epoch == (1 if workers else 0), interrupt.__name__
+        seen = []
+        for epoch in range(3):
+            loader.sampler.set_epoch(epoch)
+            seen.append(full_for(loader))
+        assert seen == [expected_batches(ds, e) for e in range(3)], interrupt.__name__
 
 
 # --- ranks' shares ------------------------------------------------------------------------------
@@ -121,184 +226,124 @@ def test_sampler_and_sidecar_arguments_that_would_be_ignored_are_refused(arange_
 REMAINDERS = ("drop", "pad")  # what a rank does when world_size does not divide an epoch
 
 
-def one_epoch(sampler: nd.EpochSampler) -> tuple[list[tuple[int, int]], int]:
-    """The (epoch, index) items a sampler yields for one epoch, and how many batches carried them."""
-    items, batches = [], 0
-    for got in sampler:
-        if sampler.batch_size is None:
-            items.append(got)
-        else:
-            batches += 1
-            items.extend((got[0], int(i)) for i in got[1])
-    return items, batches
+def share_of(n: int, world: int, remainder: str) -> int:
+    """The windows of an epoch of n that each of `world` ranks takes."""
+    return n // world if remainder == "drop" else -(-n // world)
 
 
-@pytest.mark.parametrize(
-    "batching", [None, (3, False), (3, True)], ids=["items", "batches", "drop_last"]
-)
-@pytest.mark.parametrize("remainder", ["drop", "pad"])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("remainder", REMAINDERS)
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_ranks_split_each_epoch_disjoint_and_complete(shuffle, remainder, batching):
-    batch_size, drop_last = batching or (None, False)
+def test_ranks_split_each_epoch_disjoint_and_complete(shuffle, remainder, batch_size, drop_last):
+    settings = {"shuffle": shuffle, "seed": 11, "batch_size": batch_size, "drop_last": drop_last}
     for n in (1, 2, 5, 8, 13, 37):
-        whole = nd.EpochSampler(range(n), shuffle=shuffle, seed=11)
-        orders = [
-            [i for _, i in one_epoch(whole)[0]] for _ in range(2)
-        ]  # world size 1: the epoch's order
-        for world in range(1, 9):
-            if (
-                remainder == "drop" and n < world
-            ):  # no rank would get a window: refused, not an empty epoch
-                with pytest.raises(
-                    ValueError, match=f'{n} windows for world_size={world}: with remainder="drop"'
-                ):
-                    nd.EpochSampler(range(n), world_size=world, rank=0, remainder=remainder)
-                continue
-            share = -(-n // world) if remainder == "pad" else n // world
-            if (
-                drop_last and share < batch_size
-            ):  # not one whole batch per rank: refused, not an empty epoch
-                with pytest.raises(
-                    ValueError,
-                    match=f"batch_size={batch_size} with drop_last=True leaves no batch: "
-                    f"each of the {world} rank\\(s\\) gets {share} of the {n} windows",
-                ):
-                    nd.EpochSampler(
-                        range(n),
-                        batch_size=batch_size,
-                        drop_last=True,
-                        world_size=world,
-                        rank=0,
-                        remainder=remainder,
-                    )
-                continue
-            ranks = [
-                nd.EpochSampler(
-                    range(n),
-                    shuffle=shuffle,
-                    seed=11,
-                    batch_size=batch_size,
-                    drop_last=drop_last,
-                    world_size=world,
-                    rank=r,
-                    remainder=remainder,
-                )
-                for r in range(world)
-            ]
-            for epoch in range(2):
-                got = [one_epoch(s) for s in ranks]
-                items = [[i for _, i in g] for g, _ in got]
-                assert {e for g, _ in got for e, _ in g} <= {epoch}
-                assert (
-                    len({len(mine) for mine in items}) == 1
-                )  # every rank the same number of items
-                assert len({b for _, b in got}) == 1 and (
-                    batch_size is None or got[0][1] == len(ranks[0])
-                )
-                if batch_size is None:
-                    assert len(items[0]) == len(ranks[0])
-                share = -(-n // world) if remainder == "pad" else n // world
-                if drop_last:
-                    share -= share % batch_size
-                assert len(items[0]) == share
-                # rank r took items r, r + W, ... of the epoch's order, the same order as world size 1
-                merged = [items[r][j] for j in range(share) for r in range(world)]
-                expected = (orders[epoch] * world)[
-                    : len(merged)
-                ]  # pad repeats the epoch's first items
-                assert merged == expected
-                counts = Counter(merged)
-                if remainder == "drop":
-                    assert max(counts.values(), default=1) == 1
-                    if not drop_last:
-                        assert n - len(merged) == ranks[0].dropped == n % world
-                else:
-                    assert ranks[0].padded == -n % world
-                    if not drop_last:
-                        assert (
-                            set(merged) == set(range(n))
-                            and sum(c - 1 for c in counts.values()) == ranks[0].padded
-                        )
+        whole = nd.EpochSampler(range(n), shuffle=shuffle, seed=11, batch_size=1)
+        orders = [whole.order(e).tolist() for e in range(2)]  # one rank: the epoch's order
         if n >= 5 and shuffle:
             assert orders[0] != orders[1] and sorted(orders[0]) == list(range(n))
         elif not shuffle:
             assert orders == [list(range(n))] * 2
-
-
-def test_item_55_fewer_windows_than_ranks_and_equal_steps(arange_file):
-    ds = nd.NpyTokensDataset(arange_file(25), 8)  # 3 windows
-    with pytest.raises(
-        ValueError,
-        match=r'3 windows for world_size=4: with remainder="drop" no rank would get one; use remainder="pad"',
-    ):
-        nd.make_dataloaders(
-            ds, ds, batch_size=2, num_workers=0, world_size=4, rank=0
-        )  # training drops
-    padded = [nd.EpochSampler(ds, world_size=4, rank=r, remainder="pad") for r in range(4)]
-    assert [len(list(s)) for s in padded] == [1] * 4 and padded[0].padded == 1
-    for n in range(
-        1, 25
-    ):  # every rank takes the same number of steps, whatever n, W, B and the options
         for world in range(1, 9):
-            for batch_size, drop_last, remainder in itertools.product(
-                (1, 2, 5), (False, True), REMAINDERS
-            ):
-                share = n // world if remainder == "drop" else -(-n // world)
-                if remainder == "drop" and n < world or drop_last and share < batch_size:
-                    with pytest.raises(ValueError, match="no rank would get one|leaves no batch"):
-                        nd.EpochSampler(
-                            range(n),
-                            world_size=world,
-                            rank=0,
-                            batch_size=batch_size,
-                            drop_last=drop_last,
-                            remainder=remainder,
-                        )
-                    continue
-                ranks = [
+            share = share_of(n, world, remainder)
+            kept = share - share % batch_size if drop_last else share
+            if kept == 0:  # no rank would get a batch: refused, not an empty epoch
+                with pytest.raises(ValueError, match=rf"batch_size={batch_size}\b.*\b{share}\b"):
                     nd.EpochSampler(
-                        range(n),
-                        world_size=world,
-                        rank=r,
-                        batch_size=batch_size,
-                        drop_last=drop_last,
-                        remainder=remainder,
+                        range(n), world_size=world, rank=0, remainder=remainder, **settings
                     )
-                    for r in range(world)
-                ]
-                steps = {(len(s), len(list(s))) for s in ranks}
-                assert len(steps) == 1 and len({a for a, b in steps if a == b}) == 1, (
-                    n,
-                    world,
-                    batch_size,
-                    drop_last,
-                    remainder,
-                )
+                continue
+            ranks = [
+                nd.EpochSampler(range(n), world_size=world, rank=r, remainder=remainder, **settings)
+                for r in range(world)
+            ]
+            for epoch in range(2):
+                passes = [list(s) for s in ranks]
+                assert {e for p in passes for e, _ in p} == {epoch}
+                assert {len(p) for p in passes} == {len(ranks[0])}  # every rank as many steps
+                assert all(len(i) == batch_size for p in passes for _, i in p[:-1])
+                items = [[int(i) for _, b in p for i in b] for p in passes]
+                assert [len(mine) for mine in items] == [kept] * world
+                # rank r took items r, r + W, ... of the epoch's order; pad repeats its first ones
+                merged = [items[r][j] for j in range(kept) for r in range(world)]
+                assert merged == (orders[epoch] * world)[: len(merged)]
+                if remainder == "drop":  # the order's last n % W windows are left out
+                    assert len(set(merged)) == len(merged)
+                    assert drop_last or len(merged) == n - n % world
+                elif not drop_last:  # every window, and -n % W of them twice
+                    assert set(merged) == set(range(n)) and len(merged) == n + -n % world
 
 
-def test_item_56_invalid_rank_or_world_size(arange_file):
+def test_every_rank_takes_the_same_number_of_steps(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(25), 8)  # 3 windows
+    with pytest.raises(ValueError, match=r"batch_size=2\b.*\b0\b"):  # training drops
+        nd.make_dataloaders(ds, ds, batch_size=2, num_workers=0, world_size=4, rank=0)
+    settings = {"shuffle": False, "remainder": "pad", "batch_size": 2}
+    padded = [nd.EpochSampler(ds, world_size=4, rank=r, **settings) for r in range(4)]
+    batches = [[i.tolist() for _, i in s] for s in padded]
+    assert batches == [[[0]], [[1]], [[2]], [[0]]]  # one step each; window 0 twice
+    for n, world in itertools.product(range(1, 25), range(1, 9)):
+        for batch_size, drop_last, remainder in itertools.product(
+            (1, 2, 5), (False, True), REMAINDERS
+        ):
+            settings = {"batch_size": batch_size, "drop_last": drop_last, "remainder": remainder}
+            share = share_of(n, world, remainder)
+            if share == 0 or drop_last and share < batch_size:
+                with pytest.raises(ValueError, match=rf"batch_size={batch_size}\b"):
+                    nd.EpochSampler(range(n), world_size=world, rank=0, **settings)
+                continue
+            ranks = [
+                nd.EpochSampler(range(n), world_size=world, rank=r, **settings)
+                for r in range(world)
+            ]
+            steps = {(len(s), len(list(s))) for s in ranks}  # len() before a pass, and its batches
+            assert len(steps) == 1 and len({a for a, b in steps if a == b}) == 1, (
+                n,
+                world,
+                settings,
+            )
+
+
+def test_an_invalid_rank_or_world_size_is_refused_by_name(arange_file):
     ds = nd.NpyTokensDataset(arange_file(200), 8)
-    cases = [
-        (
-            {"world_size": 2, "rank": 2},
-            ValueError,
-            "rank must be in [0, 2) for world_size=2, got 2",
-        ),
-        ({"world_size": 2, "rank": -1}, ValueError, "rank must be at least 0, got -1"),
-        ({"world_size": 0, "rank": 0}, ValueError, "world_size must be at least 1, got 0"),
-        ({"world_size": 2.0, "rank": 0}, TypeError, "world_size must be an int, got float 2.0"),
-        ({"world_size": 2, "rank": True}, TypeError, "rank must be an int, got bool True"),
-        (
-            {"world_size": 2},
-            ValueError,
-            "pass both world_size and rank, or neither; got world_size=2, rank=None",
-        ),
+    cases = [  # the arguments, the error, and what its message must name: the argument, the value
+        ({"world_size": 2, "rank": 2}, ValueError, "rank", "2"),
+        ({"world_size": 2, "rank": -1}, ValueError, "rank", "-1"),
+        ({"world_size": 0, "rank": 0}, ValueError, "world_size", "0"),
+        ({"world_size": 2.0, "rank": 0}, TypeError, "world_size", "2.0"),
+        ({"world_size": 2, "rank": True}, TypeError, "rank", "True"),
+        ({"world_size": 2}, ValueError, "pass both world_size and rank, or neither", "None"),
     ]
-    for kwargs, error, message in cases:
+    for kwargs, error, name, value in cases:
         for build in (
-            lambda: nd.EpochSampler(ds, **kwargs),
+            lambda: nd.EpochSampler(ds, batch_size=4, **kwargs),
             lambda: nd.make_dataloaders(ds, ds, batch_size=4, num_workers=0, **kwargs),
         ):
             with pytest.raises(error) as info:
                 build()
-            assert message in str(info.value), (kwargs, str(info.value))
+            message = str(info.value)
+            assert type(info.value) is error and name in message and value in message, message
+
+
+def test_sampler_arguments_that_would_be_misread_are_refused_by_name():
+    with pytest.raises(TypeError, match="batch_size"):  # no item mode: a batch of indices or none
+        nd.EpochSampler(range(10))
+    cases = [  # the arguments, the error, and what its message must name
+        ({"batch_size": 0}, ValueError, "batch_size", "0"),
+        ({"batch_size": 2.0}, TypeError, "batch_size", "2.0"),
+        ({"batch_size": True}, TypeError, "batch_size", "True"),
+        ({"batch_size": 2, "seed": -1}, ValueError, "seed", "-1"),
+        ({"batch_size": 2, "shuffle": "yes"}, TypeError, "shuffle", "'yes'"),
+        ({"batch_size": 2, "drop_last": 1}, TypeError, "drop_last", "1"),
+        ({"batch_size": 2, "remainder": "wrap"}, ValueError, "remainder", "'wrap'"),
+    ]
+    for kwargs, error, name, value in cases:
+        with pytest.raises(error) as info:
+            nd.EpochSampler(range(10), **kwargs)
+        message = str(info.value)
+        assert type(info.value) is error and name in message and value in message, message
+    sampler = nd.EpochSampler(range(10), batch_size=2)
+    for epoch, error in ((-1, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="epoch"):
+            sampler.set_epoch(epoch)
+    assert sampler.epoch == 0  # a refused epoch changes nothing
