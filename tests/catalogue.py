@@ -68,52 +68,65 @@ class Item:
 
 CATALOGUE = [
     # --- file / header (loader side) ---
-    Item(1, "file", "path does not exist").tried_by(FORMAT + "test_item_01_missing_path"),
+    Item(1, "file", "path does not exist").tried_by(FORMAT + "test_a_missing_path_is_named"),
     Item(
         2, "file", "directory, FIFO, device or socket instead of a file (also as the sidecar)"
-    ).tried_by(FORMAT + "test_item_02_not_a_regular_file"),
-    Item(3, "file", "empty file").tried_by(FORMAT + "test_item_03_empty_file"),
+    ).tried_by(FORMAT + "test_a_folder_fifo_device_or_socket_is_refused_without_blocking"),
+    Item(3, "file", "empty file").tried_by(FORMAT + "test_an_empty_file_is_refused"),
     Item(4, "file", "wrong magic: text, raw .bin or a pickle named .npy").tried_by(
-        HEADER + "test_item_04_bad_magic_never_unpickles"
+        HEADER + "test_a_file_without_the_npy_magic_is_refused_and_a_pickle_never_runs"
     ),
     Item(5, "file", "unknown .npy format version").tried_by(
-        HEADER + "test_item_05_unknown_version"
+        HEADER + "test_an_unknown_npy_version_is_refused"
     ),
-    Item(6, "file", "header cut short").tried_by(HEADER + "test_item_06_truncated_header"),
+    Item(6, "file", "header cut short").tried_by(HEADER + "test_a_header_cut_short_is_refused"),
     Item(7, "file", "huge declared header length").tried_by(
-        HEADER + "test_item_07_oversized_header_refused_before_reading"
+        HEADER + "test_a_huge_declared_header_length_is_refused",
+        differs="numpy's reader refuses a header past its 10,000 bytes once it has read what the "
+        "file holds of it, not from the length field alone",
     ),
     Item(8, "file", "header that is not a plain dict literal").tried_by(
-        HEADER + "test_item_08_header_must_be_a_literal_dict"
+        HEADER + "test_a_header_that_is_not_a_plain_dict_literal_is_refused_without_running_it"
     ),
     Item(9, "file", "dtype other than uint16").tried_by(
-        HEADER + "test_item_09_descr_other_than_unsigned_16_or_32",
-        HEADER + "test_item_09_project_accepts_both_widths",
+        HEADER + "test_a_dtype_other_than_little_endian_uint16_or_uint32_is_refused",
+        HEADER + "test_uint16_and_uint32_are_both_token_files",
         differs="uint32 files are accepted as well as uint16 (vocabularies above 65,536 ids)",
     ),
-    Item(10, "file", "big-endian ids").tried_by(HEADER + "test_item_10_big_endian"),
-    Item(11, "file", "object, structured or subarray dtype").tried_by(
-        HEADER + "test_item_11_object_structured_subarray"
+    Item(10, "file", "big-endian ids").tried_by(
+        HEADER + "test_a_dtype_other_than_little_endian_uint16_or_uint32_is_refused"
     ),
-    Item(12, "file", "Fortran order").tried_by(HEADER + "test_item_12_fortran_order"),
+    Item(11, "file", "object, structured or subarray dtype").tried_by(
+        HEADER + "test_an_object_npy_is_refused_without_unpickling",
+        HEADER + "test_structured_and_subarray_dtypes",
+        differs="a subarray dtype is read as numpy maps it, uint16 or uint32 with one more "
+        "dimension: shape (3,) of '(2,)<u2' is a 2-D file of 3 rows; one that makes 3-D is refused",
+    ),
+    Item(12, "file", "Fortran order").tried_by(
+        HEADER + "test_fortran_order_is_refused_where_it_changes_the_order_of_the_ids",
+        differs="a 1-D file that says fortran_order True is read: its bytes are the same in "
+        "either order",
+    ),
     Item(13, "file", "not a 1-D array").tried_by(
-        HEADER + "test_item_13_dimensions",
+        HEADER + "test_ids_must_be_one_or_two_dimensional",
         differs="2-D files are accepted: each row is a separate sequence and no window crosses rows",
     ),
     Item(14, "file", "declared shape larger than the data").tried_by(
-        HEADER + "test_item_14_declared_shape_larger_than_data"
+        HEADER + "test_a_declared_shape_larger_than_the_data_is_refused_and_the_file_left_alone"
     ),
     Item(15, "file", "bytes after the declared data").tried_by(
-        HEADER + "test_item_15_trailing_bytes"
+        HEADER + "test_trailing_bytes_are_refused_by_the_sidecars_size",
+        differs="a .npy with trailing bytes and no sidecar opens: numpy maps the shape its header "
+        "declares and the rest is never read; with a sidecar its file_size refuses the file",
     ),
     Item(16, "file", "negative, zero or overflowing dimensions").tried_by(
-        HEADER + "test_item_16_bad_dimensions"
+        HEADER + "test_negative_zero_and_overflowing_dimensions_are_refused"
     ),
     Item(17, "file", "raw .bin with an odd byte count").tried_by(
-        FORMAT + "test_item_17_odd_bin_size"
+        FORMAT + "test_a_raw_bin_with_a_partial_id_is_refused"
     ),
     Item(18, "file", "raw .bin with no sidecar or a disagreeing one").tried_by(
-        FORMAT + "test_item_18_bin_needs_a_dtype_source",
+        FORMAT + "test_a_raw_bin_takes_its_dtype_from_its_sidecar_or_the_caller",
         differs="a .bin without sidecar opens when the caller passes dtype= (nanoGPT's files); "
         "the caller is then trusted",
     ),
@@ -125,17 +138,24 @@ CATALOGUE = [
         "the kernel signals a read past the end of a mapped file, and only reading without mmap "
         "would avoid it",
     ),
-    Item(20, "file", "read-only file").tried_by(FORMAT + "test_item_20_read_only_file"),
+    Item(20, "file", "read-only file").tried_by(
+        FORMAT + "test_a_read_only_file_is_read_and_never_written"
+    ),
     Item(21, "file", "damaged bytes, same size").tried_by(
-        FORMAT + "test_item_21_bit_rot",
-        differs="the default open checks the header, size and sidecar fields but reads no pages; "
-        "verify=True compares the sha256",
+        FORMAT + "test_damage_of_the_same_size_is_found_by_verify",
+        differs="the default open compares the size and a hash of the first and last 64 KiB with "
+        "the sidecar; verify=True compares the sha256 of every byte",
     ),
     Item(22, "file", "sidecar that disagrees with its file or with itself").tried_by(
-        FORMAT + "test_item_22_inconsistent_sidecar",
-        differs="the tokenizer name is recorded but not checked: the loader has no tokenizer to compare it with",
+        FORMAT + "test_a_sidecar_that_does_not_describe_its_file_is_refused",
+        FORMAT + "test_a_sidecars_own_fields_are_trusted_on_open_and_its_hash_read_on_request",
+        differs="an open compares what can change after writing (layout, dtype, shape, size, the "
+        "probe) and the format version; the fields write_tokens checked (n_tokens, eot_id, the "
+        "tokenizer) are audited by prepare_tokens.py --verify, not on every open",
     ),
-    Item(23, "file", "unusual but valid paths").tried_by(FORMAT + "test_item_23_unusual_paths"),
+    Item(23, "file", "unusual but valid paths").tried_by(
+        FORMAT + "test_unusual_but_valid_paths_open"
+    ),
     # --- parameters ---
     Item(24, "params", "seq_len of the wrong type or value").tried_by(
         DATASET + "test_item_24_seq_len"
@@ -169,11 +189,9 @@ CATALOGUE = [
         differs="a vocabulary above 65,536 ids gets uint32 files instead of a refusal; an id that does not "
         "fit the chosen dtype is still an error, never a wrap",
     ),
-    Item(32, "dtype", "boundary ids round-trip").tried_by(
-        FORMAT + "test_item_32_boundary_ids_round_trip"
-    ),
+    Item(32, "dtype", "boundary ids round-trip").tried_by(FORMAT + "test_boundary_ids_round_trip"),
     Item(33, "dtype", "file ids beyond the model's vocabulary").tried_by(
-        FORMAT + "test_item_33_vocab_size",
+        FORMAT + "test_ids_past_vocab_size_are_refused",
         differs="the check uses the sidecar's max_token_id; a file without a sidecar is scanned once "
         "for its largest id",
     ),
@@ -345,13 +363,15 @@ CATALOGUE = [
         STYLE + "test_item_72_77_no_pickle_loading_or_remote_code"
     ),
     Item(73, "security", "malicious object .npy or pickle disguised as .npy").tried_by(
-        HEADER + "test_item_04_bad_magic_never_unpickles",
-        HEADER + "test_item_11_object_structured_subarray",
+        HEADER + "test_a_file_without_the_npy_magic_is_refused_and_a_pickle_never_runs",
+        HEADER + "test_an_object_npy_is_refused_without_unpickling",
     ),
     Item(74, "security", "header parser under attack").tried_by(
-        HEADER + "test_item_74_header_parser_fuzz",
-        HEADER + "test_item_74_fuzz_reaches_acceptance_and_many_refusals",
-        HEADER + "test_item_07_oversized_header_refused_before_reading",
+        HEADER + "test_any_bytes_open_as_token_ids_or_raise_a_token_file_error",
+        HEADER + "test_the_fuzzer_makes_valid_files_and_many_kinds_of_refusal",
+        HEADER + "test_a_huge_declared_header_length_is_refused",
+        differs="the module has no parser of its own: numpy's np.load reads the header; the fuzzer "
+        "checks that what it refuses reaches the caller as a TokenFileError naming the file",
     ),
     Item(75, "security", "path traversal through names").tried_by(
         PREP_OUTPUTS + "test_item_75_names_cannot_leave_the_output_folder"

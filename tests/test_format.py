@@ -76,17 +76,9 @@ def test_a_folder_fifo_device_or_socket_is_refused_without_blocking(tmp_path):
     finally:
         if not finished:  # release the blocked reader
             os.close(os.open(side, os.O_WRONLY | os.O_NONBLOCK))
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="module bug (reported): read_sidecar's open(fd) raises IsADirectoryError naming the "
-    "descriptor before its S_ISREG check",
-)
-def test_a_folder_at_the_sidecars_path_is_named(tmp_path):
-    good = write_tokens(tmp_path / "good.npy", np.arange(100, dtype=np.uint16), sidecar=False)
-    nd.sidecar_path(good).mkdir()
-    assert repr(str(nd.sidecar_path(good))) in refused(good, nd.TokenFileError)
+    side.unlink()
+    side.mkdir()
+    assert repr(str(side)) in refused(good, nd.TokenFileError)
 
 
 def test_an_empty_file_is_refused(tmp_path):
@@ -443,4 +435,4 @@ def test_a_sidecar_field_of_null_and_a_sidecar_link_loop_are_named(tmp_path):
     side = nd.sidecar_path(loop)
     side.unlink()
     side.symlink_to(side.name)  # a link to itself: stat() fails with ELOOP
-    assert repr(str(side)) in refused(loop, nd.TokenFileError, "symbolic links")
+    assert repr(str(side)) in refused(loop, nd.TokenFileError)
