@@ -151,7 +151,7 @@ print(len(rows_ds), firsts.tolist())
         """
 seed = 1
 shortcut = [[_splitmix64(seed + e + i) for i in range(5)] for e in (0, 1)]
-hashed = [[_splitmix64(i + _key(seed, e)) for i in range(5)] for e in (0, 1)]
+hashed = [[_splitmix64(i + _splitmix64(_splitmix64(seed) + e)) for i in range(5)] for e in (0, 1)]
 assert not set(hashed[0]) & set(hashed[1])
 print("shortcut, epoch 1's windows 0-3 == epoch 0's 1-4:", shortcut[1][:4] == shortcut[0][1:])
 print("real hash, epoch 1's windows 0-3 == epoch 0's 1-4:", hashed[1][:4] == hashed[0][1:])
