@@ -137,7 +137,8 @@ def _sidecar_problem(meta: dict[str, Any]) -> str | None:
             outside = f"outside the vocabulary (n_vocab {meta['n_vocab']})"
             return f"its sidecar's {key} {meta[key]} is {outside}"
     if "shard" in meta:
-        index, count = meta["shard"].get("index"), meta["shard"].get("count")
+        index = meta["shard"].get("index")
+        count = meta["shard"].get("count")
         if type(index) is not int or type(count) is not int or not 0 <= index < count:
             place = "needs integers index and count, 0 <= index < count"
             return f"its sidecar's shard {meta['shard']!r:.80} {place}"
