@@ -136,7 +136,7 @@ def _write_atomically(
     side = sidecar_path(path)
     tag = f"tmp.{os.getpid()}.{secrets.token_hex(4)}"  # .train.npy.tmp.<pid>.<random>
     tmp = path.with_name(f".{path.name[:200]}.{tag}")
-    side_tmp = side.with_name(f".{side.name[:200]}.{tag}")
+    side_tmp = path.with_name(f".{path.name[:200]}.json.{tag}")
     try:
         with open(tmp, "x+b") as f:  # "x": never a file, or a link, planted at that name
             meta = _write_ids(f, path, ids, dtype, n_vocab, header)
@@ -154,8 +154,8 @@ def _write_atomically(
             folder = os.open(path.parent, os.O_RDONLY)
             os.fsync(folder)
             os.close(folder)
-    except OSError as error:  # a full disk names no file: name the one being written
-        if error.filename is None:
+    except OSError as error:  # a full disk names no file, a missing folder the temporary one
+        if error.filename in (None, str(tmp), str(side_tmp)):
             raise OSError(error.errno, f"{error.strerror} while writing", str(path)) from error
         raise
     finally:
@@ -171,6 +171,9 @@ def _write_ids(
     sidecar says of the file, spelled once: open_tokens compares it with the file."""
     start = header(dtype, (0,))
     layout = "bin" if not start else "npy" if start.startswith(NPY_MAGIC) else "llmc"
+    llmc = int.from_bytes(start[:4], "little") in LLMC_VERSIONS
+    if (layout == "llmc" and not llmc) or (path.suffix == ".npy" and layout != "npy"):
+        raise ValueError(f"{str(path)!r}: header= must write llm.c's header, to a non-.npy path")
     one_array = isinstance(ids, (np.ndarray, list, tuple))
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TypeError(f"{str(path)!r}: ids are an array of ints, or an iterable of them")
@@ -285,7 +288,7 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
         layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
         probe = _probe(f, head, st.st_size)
         f.seek(0)
-        if verify and (not meta or hashlib.file_digest(f, "sha256").hexdigest() != meta["sha256"]):
+        if verify and hashlib.file_digest(f, "sha256").hexdigest() != meta.get("sha256"):
             raise TokenFileError(f"{path!r}: its sha256 is not its sidecar's, or it has none")
     if dtype not in (None, found):
         raise TokenFileError(f"{path!r} holds {found.name}, but dtype={dtype.name} was passed")
@@ -299,7 +302,9 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
     if vocab_size is not None:  # the sidecar's max_token_id, or else one scan of the file
         top = meta.get("max_token_id") if meta else int(_memmap(file).max())
-        if type(top) is not int or top >= vocab_size:
+        if type(top) is not int:
+            raise TokenFileError(f"{path!r}'s sidecar has no max_token_id to check vocab_size with")
+        if top >= vocab_size:
             raise TokenFileError(f"{path!r} holds ids up to {top}, past vocab_size={vocab_size}")
     return file
 
@@ -341,8 +346,10 @@ def _npy_layout(path: str, head: bytes) -> tuple[np.dtype, tuple[int, ...], int]
         raise TokenFileError(f"{path!r} {found} the .npy magic (raw ids belong in a .bin)")
     try:
         array = np.load(path, mmap_mode="r")  # allow_pickle=False: numpy's default
-    except (ValueError, OSError, EOFError) as error:
-        reason = "it holds pickled objects" if "pickle" in str(error) else error
+    except Exception as error:  # numpy raises several kinds for a damaged header
+        reason = str(error).split(".\n")[0].split(". ")[0]  # never numpy's allow_pickle advice
+        if "pickle" in reason:
+            reason = "it holds Python objects (a pickle), which are never loaded"
         raise TokenFileError(f"{path!r} is not a .npy file numpy can map: {reason}") from None
     dtype = _token_dtype(array.dtype, repr(path))
     if not 1 <= array.ndim <= 2 or array.size == 0 or not array.flags.c_contiguous:

@@ -111,11 +111,6 @@ def test_unusual_but_valid_paths_open(tmp_path, monkeypatch):
     refused("missing file ü.npy", FileNotFoundError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="module bug (reported): past 200 characters the data's and the sidecar's temporary "
-    "names are one name, and the sidecar's open(..., 'x') fails",
-)
 def test_a_name_of_240_characters_is_written_and_read(tmp_path):
     path = write_tokens(tmp_path / ("t" * 240 + ".npy"), np.arange(50, dtype=np.uint16))
     assert len(nd.NpyTokensDataset(path, 7, verify=True)) == 7
@@ -314,9 +309,6 @@ def test_a_sidecars_own_fields_are_trusted_on_open_and_its_hash_read_on_request(
     refused(path, nd.TokenFileError, "sha256", verify=True)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="module bug (reported): verify=True reads meta['sha256'], a KeyError"
-)
 def test_verify_with_a_sidecar_that_has_no_sha256_is_a_token_file_error(tmp_path):
     path = write_tokens(tmp_path / "t.npy", np.arange(100, dtype=np.uint16))
     meta = nd.read_sidecar(path)

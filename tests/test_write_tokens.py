@@ -114,11 +114,6 @@ def test_raw_ids_that_spell_the_npy_magic_stay_raw_ids_under_a_bin_sidecar(tmp_p
     assert nd.open_tokens(path).tolist() == ids.tolist()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="module bug (reported): header= decides the sidecar's layout, but a .npy path is read "
-    "as .npy and any header that is not .npy is taken for llm.c: the file is written, then refused",
-)
 @pytest.mark.parametrize(
     "name, header",
     [("shard.npy", llmc_header), ("other.bin", lambda dtype, shape: b"HEAD")],
@@ -227,11 +222,6 @@ def test_a_full_disk_names_the_file_being_written_and_keeps_the_old_one(tmp_path
     assert saved(tmp_path) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="module bug (reported): an OSError that names a file is re-raised as it is, naming the "
-    "temporary file (.t.npy.tmp.<pid>.<hex>) instead of the target",
-)
 def test_a_missing_folder_is_named_by_the_target_path(tmp_path):
     path = tmp_path / "missing" / "t.npy"
     with pytest.raises(FileNotFoundError) as info:
