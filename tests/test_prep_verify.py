@@ -192,7 +192,8 @@ def test_missing_files_sidecars_and_globs_each_get_a_line(tmp_path, capsys):
         f"{tmp_path / 'none_*.npy'}: matches no file",
         f"{no_sidecar}: has no sidecar to check against",
     ]
-    assert lines[3].startswith(f"{bad_json}: '{sidecar_path(bad_json)}' is not JSON"), lines
+    named = lines[3].startswith(f"{bad_json}: '{sidecar_path(bad_json)}' ")  # read_sidecar's words
+    assert named and "JSON" in lines[3], lines
 
 
 # --- files given together: shard sets, a file given twice ---------------------------------------
