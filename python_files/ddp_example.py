@@ -7,7 +7,7 @@
 Each rank prints one line per step: the epoch, and a checksum of the batch it received (the sum of
 its token ids), so runs can be compared line by line. At the end, every rank's window indices of
 the current epoch are gathered and checked: disjoint, and together the whole epoch minus the
-windows the sampler drops so that every rank gets as many (EpochSampler.dropped). Under torchrun the
+n % world_size windows the sampler drops so that every rank gets as many. Under torchrun the
 backend is NCCL with one GPU per rank when the node has a GPU for every local rank, and gloo on the
 CPU otherwise (a one-GPU machine running two ranks): the first line says which. --save-state writes
 the global step and the sampler's state after the last step (JSON, rank 0); --resume starts from
@@ -128,10 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         seen = torch.cat(every)
         disjoint = len(torch.unique(seen)) == len(seen)
+        expected = len(train) % world  # remainder="drop": the last n % W windows of the order
         say(
             f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, "
             f"disjoint: {disjoint}, "
-            f"dropped: {len(train) - len(torch.unique(seen))} (sampler.dropped = {sampler.dropped})"
+            f"dropped: {len(train) - len(torch.unique(seen))} (n % world_size = {expected})"
         )
     if distributed:
         dist.destroy_process_group()

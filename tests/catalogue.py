@@ -173,18 +173,18 @@ CATALOGUE = [
         DATASET + "test_item_28_offsets_past_2_31_tokens"
     ),
     Item(29, "params", "bad prep parameters").tried_by(
-        PREP_INPUTS + "test_item_29_prep_parameters",
+        PREP_INPUTS + "test_prep_parameters",
         PREP_INPUTS + "test_bad_parameters_fail_before_any_work",
         PREP_OUTPUTS + "test_output_folder_checks",
     ),
     Item(30, "params", "output already exists").tried_by(
-        RERUNS + "test_item_30_existing_output_is_swapped_not_deleted",
+        RERUNS + "test_existing_output_is_swapped_not_deleted",
         differs="no overwrite flag: an output whose sidecar records the same settings is kept, any other "
         "is rebuilt beside it and renamed over it; nothing else in the folder is touched",
     ),
     # --- dtype / vocabulary ---
     Item(31, "dtype", "ids of 65,536 and above").tried_by(
-        TOKENIZE + "test_item_31_wide_vocabulary_gets_uint32",
+        TOKENIZE + "test_wide_vocabulary_gets_uint32",
         PREP_OUTPUTS + "test_id_that_does_not_fit_the_dtype_raises_instead_of_wrapping",
         differs="a vocabulary above 65,536 ids gets uint32 files instead of a refusal; an id that does not "
         "fit the chosen dtype is still an error, never a wrap",
@@ -199,7 +199,7 @@ CATALOGUE = [
         TOKENIZE + "test_literal_endoftext_in_text_is_ordinary_text"
     ),
     Item(35, "dtype", "hostile text").tried_by(
-        TOKENIZE + "test_item_35_hostile_text",
+        TOKENIZE + "test_hostile_text",
         PREP_INPUTS + "test_none_cell_names_split_row_and_column",
         differs="a 1 MB document stands in for 100 MB to keep the suite fast; a lone surrogate is replaced "
         "by U+FFFD by tiktoken, and a JSON file holding one is refused by the datasets reader "
@@ -215,7 +215,7 @@ CATALOGUE = [
         "does not compare train with validation (two datasets, each checked on its own)",
     ),
     Item(38, "dtype", "vocabulary size from the right attribute").tried_by(
-        TOKENIZE + "test_item_38_vocab_limits_come_from_the_encoding"
+        TOKENIZE + "test_vocab_limits_come_from_the_encoding"
     ),
     Item(39, "dtype", "what __getitem__ returns").tried_by(
         DATASET + "test_item_39_windows_are_int64_copies"
@@ -243,7 +243,7 @@ CATALOGUE = [
     ),
     Item(46, "workers", "pinned memory").tried_by(
         LOADERS + "test_pinned_batches_reach_the_gpu",
-        LOADERS + "test_item_46_no_pinning_and_no_warning_without_a_gpu",
+        LOADERS + "test_no_pinning_and_no_warning_without_a_gpu",
         differs="the GPU half runs only where CUDA is available; without it make_dataloaders does not pin",
     ),
     Item(47, "workers", "open files and mappings").tried_by(
@@ -257,7 +257,7 @@ CATALOGUE = [
         FILES + "test_item_49_private_memory_stays_flat"
     ),
     Item(50, "workers", "randomness only from (seed, epoch, index)").tried_by(
-        SAMPLER + "test_item_50_no_global_random_state"
+        SAMPLER + "test_global_random_state_changes_no_window_and_no_order"
     ),
     # --- distributed ---
     Item(51, "distributed", "rank partitions").tried_by(
@@ -266,39 +266,45 @@ CATALOGUE = [
         LOADERS + "test_torchrun_ranks_cover_the_epoch_disjointly",
     ),
     Item(52, "distributed", "set_epoch forgotten").tried_by(
-        SAMPLER + "test_item_52_every_iteration_is_the_next_epoch",
+        SAMPLER + "test_each_pass_is_the_next_epoch_without_set_epoch",
         SAMPLER + "test_iterators_made_and_dropped_do_not_skip_epochs",
-        differs="nothing to forget and so no warning: a pass over EpochSampler that runs to its end "
-        "moves to the next epoch by itself (set_epoch only chooses one), and a pass left early "
-        "starts the same epoch again; torch's DistributedSampler still needs set_epoch, as its "
-        "documentation says",
+        SAMPLER + "test_a_loop_that_takes_exactly_len_batches_moves_on_to_the_next_epoch",
+        SAMPLER + "test_set_epoch_during_a_pass_chooses_the_pass_after_it",
+        SAMPLER + "test_a_loop_that_calls_set_epoch_gets_its_epochs_whatever_workers_fetched",
+        differs="nothing to forget and so no warning: a pass over EpochSampler after one that handed "
+        "out all its batches (a loop that takes exactly len(loader) of them too) is the next epoch, "
+        "one left early starts the same epoch again, and set_epoch chooses one, even while a pass "
+        "runs; DataLoader workers fetch ahead, so with them a break that leaves at most "
+        "num_workers * prefetch_factor batches counts as done, and a loop that calls set_epoch "
+        "gets its epochs regardless; torch's DistributedSampler still needs set_epoch",
     ),
     Item(53, "distributed", "ranks with different seeds or files").tried_by(
-        LOADERS + "test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field"
+        LOADERS + "test_torchrun_ranks_that_disagree_all_fail_naming_the_rank"
     ),
     Item(54, "distributed", "a rank reads a file still being written").tried_by(
-        LOADERS + "test_item_54_a_file_being_written_is_never_read",
+        LOADERS + "test_a_file_being_written_is_never_read",
         differs="no rank waits for another's prep (run prep before launching): the file in progress has a "
         "hidden temporary name, so an early rank finds no file, or the previous complete one, which "
         "the ranks' agreement check and the per-read file check refuse",
     ),
     Item(55, "distributed", "fewer windows than ranks, unequal batches").tried_by(
-        SAMPLER + "test_item_55_fewer_windows_than_ranks_and_equal_steps",
+        SAMPLER + "test_every_rank_takes_the_same_number_of_steps",
         SAMPLER + "test_ranks_split_each_epoch_disjoint_and_complete",
         differs="equal steps per rank follow from the split (every rank takes the same number of items) and "
         "from the agreement check on files and settings, so len(dataloader) is not all-gathered",
     ),
     Item(56, "distributed", "invalid rank or world size").tried_by(
-        SAMPLER + "test_item_56_invalid_rank_or_world_size"
+        SAMPLER + "test_an_invalid_rank_or_world_size_is_refused_by_name"
     ),
     Item(57, "distributed", "resume with changed settings").tried_by(
         RESUME + "test_resume_refuses_a_state_from_other_windows",
         RESUME + "test_resume_with_another_batch_or_world_size_continues_at_the_same_position",
-        RESUME + "test_resume_in_a_fresh_process_continues_exactly",
+        RESUME + "test_a_run_killed_and_resumed_trains_the_batches_of_one_uninterrupted_run",
     ),
     Item(58, "distributed", "resume state round trip").tried_by(
-        RESUME + "test_resume_in_a_fresh_process_continues_exactly",
+        RESUME + "test_a_run_killed_and_resumed_trains_the_batches_of_one_uninterrupted_run",
         RESUME + "test_make_dataloaders_resume_across_the_epoch_end",
+        RESUME + "test_a_state_saved_at_a_break_is_exact_whatever_workers_fetched",
         RESUME + "test_any_stop_point_is_a_global_position_the_next_run_starts_from",
         differs="a state saved after an epoch's last batch already points at the next epoch, so the resumed "
         "loop's first iteration is that whole epoch (torchdata's first iteration would be empty)",
@@ -325,7 +331,7 @@ CATALOGUE = [
         differs="tried with RLIMIT_FSIZE (EFBIG) only: a full tmpfs (ENOSPC) needs mount rights",
     ),
     Item(64, "disk", "no preallocated or sparse output").tried_by(
-        PREP_OUTPUTS + "test_item_64_prep_streams_and_never_preallocates",
+        PREP_OUTPUTS + "test_prep_streams_and_never_preallocates",
         FAULTS + "test_file_size_limit_fails_clearly_and_keeps_the_old_output",
     ),
     Item(65, "disk", "free-space check before writing").does_not_apply(
@@ -356,11 +362,11 @@ CATALOGUE = [
         FAULTS + "test_fsync_rename_fsync_order_with_temp_files_beside_the_target"
     ),
     Item(71, "disk", "output folder not writable").tried_by(
-        PREP_OUTPUTS + "test_item_71_unwritable_output_folder"
+        PREP_OUTPUTS + "test_unwritable_output_folder"
     ),
     # --- security ---
     Item(72, "security", "no pickle anywhere").tried_by(
-        STYLE + "test_item_72_77_no_pickle_loading_or_remote_code"
+        STYLE + "test_no_pickle_loading_or_remote_code"
     ),
     Item(73, "security", "malicious object .npy or pickle disguised as .npy").tried_by(
         HEADER + "test_a_file_without_the_npy_magic_is_refused_and_a_pickle_never_runs",
@@ -374,74 +380,75 @@ CATALOGUE = [
         "checks that what it refuses reaches the caller as a TokenFileError naming the file",
     ),
     Item(75, "security", "path traversal through names").tried_by(
-        PREP_OUTPUTS + "test_item_75_names_cannot_leave_the_output_folder"
+        PREP_OUTPUTS + "test_names_cannot_leave_the_output_folder"
     ),
     Item(76, "security", "symlinks planted at output or temp paths").tried_by(
-        PREP_OUTPUTS + "test_item_76_planted_symlinks",
+        PREP_OUTPUTS + "test_planted_symlinks",
         differs="a symlinked output folder is followed: --out is the user's own choice",
     ),
     Item(77, "security", "remote code from the Hub").tried_by(
-        STYLE + "test_item_72_77_no_pickle_loading_or_remote_code",
+        STYLE + "test_no_pickle_loading_or_remote_code",
         differs="Hub inputs record datasets' fingerprint in the sidecar, not a pinned revision",
     ),
     Item(78, "security", "resume state validated").tried_by(
-        RESUME + "test_item_78_resume_state_is_validated"
+        RESUME + "test_a_state_of_another_format_or_order_is_refused_naming_the_field"
     ),
     Item(79, "security", "tampered tiktoken cache").tried_by(
-        TOKENIZE + "test_item_79_tampered_tokenizer_file_is_refused"
+        TOKENIZE + "test_tampered_tokenizer_file_is_refused"
     ),
     Item(80, "security", "file modes").tried_by(
-        PREP_OUTPUTS + "test_item_80_output_modes_follow_the_umask",
+        PREP_OUTPUTS + "test_output_modes_follow_the_umask",
         differs="the project creates no cache folder of its own, so only the output modes apply",
     ),
     # issue 19/20: the prep step
     Item(81, "prep", "an input folder's files in two formats, a subfolder or no split").tried_by(
-        PREP_FILES + "test_item_81_every_data_file_of_a_folder_is_read_or_named_in_a_refusal"
+        PREP_FILES + "test_every_data_file_of_a_folder_is_read_or_named_in_a_refusal"
     ),
     Item(82, "prep", "brackets in the output folder's name").tried_by(
-        PREP_OUTPUTS + "test_item_82_a_shard_glob_matches_only_its_own_folder"
+        PREP_OUTPUTS + "test_a_shard_glob_matches_only_its_own_folder"
     ),
     Item(83, "prep", "an output damaged at the same size, rerun without --force").tried_by(
-        RERUNS + "test_item_83_damage_of_the_same_size_is_rebuilt_without_force",
+        RERUNS + "test_damage_of_the_same_size_is_rebuilt_without_force",
         limit="damage past a file's first and last 64 KiB is found by verify=True, not a rerun",
     ),
     Item(84, "prep", "a second run on shared storage, in another PID namespace").tried_by(
-        RERUNS + "test_item_84_a_live_run_that_this_run_cannot_see_keeps_its_temp_files",
+        RERUNS + "test_a_live_run_that_this_run_cannot_see_keeps_its_temp_files",
         limit="without flock (Windows, some network filesystems) runs neither wait nor clean up",
     ),
     Item(85, "prep", "a byte order mark, empty and whitespace-only documents").tried_by(
-        PREP_FILES + "test_item_85_txt_bom_and_empty_documents_are_skipped_and_counted",
+        PREP_FILES + "test_txt_bom_and_empty_documents_are_skipped_and_counted",
         TOKENIZE + "test_a_byte_order_mark_is_dropped_at_the_start_of_each_document_and_only_there",
         PREP_INPUTS + "test_an_input_of_empty_documents_is_one_line_naming_it_and_the_counts",
         differs="an empty document is skipped and counted (source.n_empty_docs_skipped), not "
         "written as a lone end-of-text token as nanoGPT's prepare.py writes it",
     ),
     Item(86, "prep", "train alone from an input whose validation is carved").tried_by(
-        PREP_INPUTS + "test_item_86_train_alone_from_a_carved_input_says_what_it_leaves_out"
+        PREP_INPUTS + "test_train_alone_from_a_carved_input_says_what_it_leaves_out"
     ),
     Item(
         87, "prep", "errors that named nothing: .json, .csv, sidecars, offline, read-only"
     ).tried_by(
-        PREP_FILES + "test_item_87_a_json_file_with_an_int_among_strings_names_the_file_and_row",
-        PREP_FILES + "test_item_87_a_csv_column_of_digits_is_text_and_errors_name_file_and_line",
-        PREP_FILES + "test_item_87_the_prep_steps_own_outputs_in_an_input_folder_are_skipped",
+        PREP_FILES + "test_a_json_file_with_an_int_among_strings_names_the_file_and_row",
+        PREP_FILES + "test_a_csv_column_of_digits_is_text_and_errors_name_file_and_line",
+        PREP_FILES + "test_the_prep_steps_own_outputs_in_an_input_folder_are_skipped",
         TOKENIZE
-        + "test_item_87_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it",
-        PREP_OUTPUTS + "test_item_87_an_up_to_date_rerun_into_a_read_only_folder_writes_nothing",
+        + "test_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it",
+        PREP_OUTPUTS + "test_an_up_to_date_rerun_into_a_read_only_folder_writes_nothing",
     ),
     Item(88, "prep", "shard sizes that divide the token count; a sharded split's totals").tried_by(
-        RERUNS + "test_item_88_shard_tokens_that_divide_the_count_or_are_one",
-        RERUNS + "test_item_88_a_sharded_splits_totals_come_from_every_shard",
+        RERUNS + "test_shard_tokens_that_divide_the_count_or_are_one",
+        RERUNS + "test_a_sharded_splits_totals_come_from_every_shard",
     ),
     # --- issue 19/20: the loader ---
     Item(89, "workers", "DataLoader workers under a low open-file limit (a hang)").tried_by(
-        FILES + "test_workers_under_a_low_open_file_limit_are_refused_at_once_naming_it"
+        FILES + "test_workers_under_a_low_open_file_limit_are_refused_at_once_naming_it",
+        LOADERS + "test_the_descriptor_check_counts_the_batches_each_worker_prefetches",
     ),
     Item(90, "file", "llm.c shard whose unused header words are not zero").tried_by(
         FORMAT + "test_an_llmc_header_with_other_words_set_is_read_by_its_magic_and_version"
     ),
     Item(91, "distributed", "ranks with same-size files of other ids and no sidecars").tried_by(
-        LOADERS + "test_torchrun_ranks_that_disagree_all_fail_naming_rank_and_field"
+        LOADERS + "test_torchrun_ranks_that_disagree_all_fail_naming_the_rank"
     ),
     Item(92, "params", "integers past int64, and a bool as a file number").tried_by(
         DATASET + "test_huge_numbers_and_a_bool_file_number_are_refused_by_name"
@@ -467,6 +474,8 @@ CATALOGUE = [
     Item(98, "workers", "a peek at one batch before the training loop").tried_by(
         LOADERS + "test_a_peek_uses_up_no_epoch",
         differs="a pass left early does not count as an epoch: the loop after a peek starts "
-        "epoch 0 from its first batch, as DataLoader with DistributedSampler does",
+        "epoch 0 from its first batch, as DataLoader with DistributedSampler does, unless "
+        "DataLoader workers fetched the whole epoch (num_workers * prefetch_factor batches or "
+        "fewer): then the loop gets epoch 1, and set_epoch(0) picks epoch 0",
     ),
 ]

@@ -1,7 +1,8 @@
 """One rank of a real torchrun job for tests/test_loaders.py (gloo on the CPU, no GPU needed).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_worker.py \
-        --out DIR --train FILE --val FILE --seq-len 8 --batch-size 3 [--rank1-seq-len 16 | --rank1-train OTHER | --rank1-seed 4]
+        --out DIR --train FILE --val FILE --seq-len 8 --batch-size 3 \
+        [--rank1-seq-len 16 | --rank1-train OTHER | --rank1-seed 4]
 
 Each rank builds its datasets, calls make_dataloaders (which checks across ranks that they agree),
 runs one epoch of train and val, then one epoch through a plain DataLoader with torch's
@@ -43,8 +44,9 @@ def main() -> int:
         "--rank1-seed", type=int, help="rank 1 uses this shuffle seed instead (a mismatch)"
     )
     args = parser.parse_args()
-    # A short timeout: a rank that waits for a peer that never comes fails instead of hanging.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    # A rank that waits for a peer that never comes fails after a minute instead of hanging; the
+    # ranks reach each collective within seconds of each other, even on a busy machine.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out) / f"rank{rank}.json"
     seq_len = args.rank1_seq_len if rank == 1 and args.rank1_seq_len else args.seq_len
