@@ -99,11 +99,11 @@ try:
     nd.open_tokens(mine)
 except nd.TokenFileError as e:
     print(e)
-ids = np.arange(10, dtype=np.int64)  # what the hint says: write_tokens checks and narrows them
-nd.write_tokens(mine, ids, n_vocab=50257, tokenizer="tiktoken:gpt2", eot_id=50256)
+ids = np.arange(10, dtype=np.int64)  # write_tokens checks every id, then narrows them to uint16
+nd.write_tokens(mine, ids, **GPT2)
 print("as uint16:", nd.open_tokens(mine).tolist())
 """,
-        r"^'data/notebook02/mine\.npy': dtype '<i8' is not supported; .*write_tokens stores ids.*\n"
+        r"^'data/notebook02/mine\.npy': dtype '<i8' is not uint16 or uint32, little-endian\n"
         r"as uint16: \[0, 1, 2, 3, 4, 5, 6, 7, 8, 9\]$",
     ),
     ("write_token_files", 3): Answer(
@@ -123,7 +123,7 @@ except nd.TokenFileError as e:
     print("verify=True:", e)
 """,
         r"^verify=False opens it: 342147 tokens\n"
-        r"verify=True: 'data/notebook02/copy/train\.npy' is damaged or was replaced: its sha256 differs",
+        r"verify=True: 'data/notebook02/copy/train\.npy': its sha256 is not its sidecar's",
     ),
     ("build_the_dataset", 1): Answer(
         """
@@ -242,7 +242,8 @@ fortran = DATA / "fortran.npy"
 np.save(fortran, np.asfortranarray(np.arange(20, dtype=np.uint16).reshape(4, 5)))
 print(refusal(lambda: nd.open_tokens(fortran)))
 """,
-        r"^TokenFileError: 'fortran.npy' has fortran_order=True; expected False \(C order\)$",
+        r"^TokenFileError: 'fortran\.npy' holds shape \(4, 5\) in Fortran order: token ids are 1-D or "
+        r"2-D, in C order, not empty$",
     ),
     ("appendix_hardening", 2): Answer(
         """
@@ -257,16 +258,22 @@ print("the running dataset serves window 1 as", served, "and says nothing")
 print("opened again:", refusal(lambda: nd.NpyTokensDataset(path, 8)))
 """,
         r"serves window 1 as \[1008, 1009, 1010\] and says nothing\n"
-        r"opened again: TokenFileError: 'live.npy' changed in its first or last 64 KiB",
+        r"opened again: TokenFileError: 'live\.npy' was replaced or damaged since its sidecar: "
+        r"probe_sha256 is '[0-9a-f]{64}' there, '[0-9a-f]{64}' here$",
     ),
     ("appendix_hardening", 3): Answer(
         """
-rules = {"warmup_steps": range(0, 10_001)}
-print(refusal(lambda: nd.check_arguments(rules, warmup_steps=20_000)))
-print(refusal(lambda: nd.check_arguments(rules, warmup_steps=2.5)))
+pt.prepare(out=DATA / "sharded", shard_tokens=100_000, progress=False)
+names = sorted(str(p) for p in (DATA / "sharded").glob("train_*.npy"))
+assert len(names) == 4  # 342,147 tokens: three shards of 100,000 and the rest
+status = pt.main(["--verify", *names[:1], *names[2:]])
+alone = [len(nd.open_tokens(name)) for name in names]
+print(f"exit status {status}; each shard alone opens, with {alone} tokens")
 """,
-        r"^ValueError: warmup_steps must be at most 10000, got 20000\n"
-        r"TypeError: warmup_steps must be an int, got float 2.5$",
+        r"^data/notebooks/appendix/sharded/train_000000\.npy: shard 0 of 4 written together, but "
+        r"shards 1 of that set are not given\n"
+        r".*/train_000002\.npy: shard 2 of 4 .*\n.*/train_000003\.npy: shard 3 of 4 .*\n"
+        r"exit status 1; each shard alone opens, with \[100000, 100000, 100000, 42147\] tokens$",
     ),
     # Notebook 06's functions read its constants (STEPS, SAVE_AT) from the notebook's own namespace,
     # run.__globals__: an answer that sets one there does what a learner's edited cell does, and puts
