@@ -1,6 +1,6 @@
-"""EpochSampler: each epoch's order, which epoch a pass is (set_epoch, loops that stop early, DataLoader
-workers that fetch ahead), every rank's share of an epoch, and the arguments it refuses. Resuming
-(state_dict, load_state_dict) is in test_resume.py.
+"""EpochSampler: each epoch's order, which epoch a pass is (set_epoch, loops that stop early,
+DataLoader workers that fetch ahead), every rank's share of an epoch, and the arguments it refuses.
+Resuming (state_dict, load_state_dict) is in test_resume.py.
 
 Catalogue items 50, 51, 52, 55 and 56 (tests/bad_inputs.md).
 """
@@ -276,8 +276,8 @@ def test_ranks_split_each_epoch_disjoint_and_complete(shuffle, remainder, batch_
 
 def test_every_rank_takes_the_same_number_of_steps(arange_file):
     ds = nd.NpyTokensDataset(arange_file(25), 8)  # 3 windows
-    with pytest.raises(ValueError, match=r"batch_size=2\b.*\b0\b"):  # training drops
-        nd.make_dataloaders(ds, ds, batch_size=2, num_workers=0, world_size=4, rank=0)
+    with pytest.raises(ValueError, match=r"batch_size=2\b.*\b0\b"):  # training drops 3 % 4:
+        nd.make_dataloaders(ds, ds, batch_size=2, num_workers=0, world_size=4, rank=0)  # 0 each
     settings = {"shuffle": False, "remainder": "pad", "batch_size": 2}
     padded = [nd.EpochSampler(ds, world_size=4, rank=r, **settings) for r in range(4)]
     batches = [[i.tolist() for _, i in s] for s in padded]
