@@ -25,7 +25,7 @@ EPOCHS = 3
 
 @pytest.fixture
 def resume_job(tmp_path):
-    """A loader setting whose epoch (22 windows, batches of 4) ends with a short batch: 6 per epoch."""
+    """A loader setting whose epoch (22 windows, batches of 4) ends with a short batch: 6 batches."""
     tokens = np.arange(115, dtype=np.uint16)  # (115 - 5) // 5 = 22 windows
     return {
         "paths": [str(write_tokens(tmp_path / "resume.npy", tokens))],
@@ -37,7 +37,8 @@ def resume_job(tmp_path):
 
 
 def train_in_a_process(job: dict, kill_at: int | None) -> None:
-    """resume_worker.py's training run: killed with SIGKILL once step kill_at is saved, or to the end."""
+    """resume_worker.py's training run, killed with SIGKILL once step kill_at is saved (or to
+    the end when kill_at is None)."""
     worker = str(ROOT / "tests" / "resume_worker.py")
     proc = run_process([sys.executable, worker, json.dumps({**job, "kill_at": kill_at})])
     expected = -signal.SIGKILL if kill_at else 0
