@@ -731,7 +731,7 @@ class EpochSampler:
             if consumed > handed:
                 count = "count this pass's batches (enumerate(loader, 1)), not all steps"
                 raise ValueError(f"consumed={consumed}, but the pass handed out {handed}: {count}")
-            items = min(consumed * self.batch_size, latest.items)
+            items = min(int(consumed) * self.batch_size, latest.items)
         epoch, position = latest.epoch, latest.start + items * self.world_size
         if self._latest is not None and items == latest.items:  # the whole pass: the next epoch
             epoch, position = latest.epoch + 1, 0
@@ -745,8 +745,9 @@ class EpochSampler:
         if not isinstance(state, dict) or set(state) != set(mine):
             raise ValueError(f"not an EpochSampler state (keys {sorted(mine)}): {state!r:.200}")
         settings = [k for k in mine if k not in ("epoch", "position")]
-        bad = next((k for k in settings if json.dumps(state[k]) != json.dumps(mine[k])), None)
-        if bad is not None:  # JSON compares types too: true is not 1
+        differs = [k for k in settings if (type(state[k]), state[k]) != (type(mine[k]), mine[k])]
+        bad = next(iter(differs), None)
+        if bad is not None:  # types too: a JSON true is not 1
             there = f"{state[bad]!r:.120} in the state, {mine[bad]!r:.120} here"
             raise ValueError(f"an EpochSampler state of other windows or order: {bad} is {there}")
         _check_int("epoch", state["epoch"], 0)

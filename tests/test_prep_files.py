@@ -36,7 +36,7 @@ def cli_error(tmp_path, dataset, *extra: str) -> str:
 # --- which files of a folder --------------------------------------------------------------------
 
 
-def test_item_81_every_data_file_of_a_folder_is_read_or_named_in_a_refusal(tmp_path, enc):
+def test_every_data_file_of_a_folder_is_read_or_named_in_a_refusal(tmp_path, enc):
     folder = tmp_path / "in"
     write_jsonl(folder / "train.jsonl", [{"text": f"json story {i}"} for i in range(100)])
     (folder / "train.txt").write_text("".join(f"text story {i}\n" for i in range(50)))
@@ -66,7 +66,7 @@ def test_item_81_every_data_file_of_a_folder_is_read_or_named_in_a_refusal(tmp_p
     )  # the hash covers the one file read
 
 
-def test_item_87_the_prep_steps_own_outputs_in_an_input_folder_are_skipped(tmp_path, enc):
+def test_the_prep_steps_own_outputs_in_an_input_folder_are_skipped(tmp_path, enc):
     folder = make_dataset(tmp_path / "in", MANY[:20])  # train.jsonl, nothing else
     prepare(folder / "train.jsonl", folder)  # the outputs land beside the input file
     assert (folder / "train.npy.json").is_file() and (folder / "validation.npy.json").is_file()
@@ -87,7 +87,7 @@ def test_a_folder_without_data_files_is_refused(tmp_path):
 # --- how each format reads ----------------------------------------------------------------------
 
 
-def test_item_87_a_json_file_with_an_int_among_strings_names_the_file_and_row(tmp_path, enc):
+def test_a_json_file_with_an_int_among_strings_names_the_file_and_row(tmp_path, enc):
     folder = tmp_path / "in"
     folder.mkdir()
     rows = [{"story": "a"}, {"story": 1}, {"story": "c"}]
@@ -105,7 +105,7 @@ def test_item_87_a_json_file_with_an_int_among_strings_names_the_file_and_row(tm
     assert decoded(tmp_path / "out" / "validation.npy", enc) == ["a", "b", "c"]
 
 
-def test_item_87_a_csv_column_of_digits_is_text_and_errors_name_file_and_line(tmp_path, enc):
+def test_a_csv_column_of_digits_is_text_and_errors_name_file_and_line(tmp_path, enc):
     folder = tmp_path / "in"
     folder.mkdir()
     texts = [f"story number {i}" for i in range(20)] + [str(i) for i in range(30_000)]
@@ -125,7 +125,7 @@ def test_item_87_a_csv_column_of_digits_is_text_and_errors_name_file_and_line(tm
     assert expected in message and "available: ['id', 'body']" in message
 
 
-def test_item_85_txt_bom_and_empty_documents_are_skipped_and_counted(tmp_path, enc, capsys):
+def test_txt_bom_and_empty_documents_are_skipped_and_counted(tmp_path, enc, capsys):
     folder = tmp_path / "in"
     folder.mkdir()
     separated = ["First story.", "", "  \n ", "Second story,\n\nin two paragraphs."]

@@ -464,7 +464,7 @@ def test_cli_offline_hub_name_fails_fast_naming_the_sample(tmp_path):
 # --- parameters ---------------------------------------------------------------------------------
 
 
-def test_item_29_prep_parameters(tmp_path):
+def test_prep_parameters(tmp_path):
     missing = (
         tmp_path / "no_such_dataset"
     )  # loading it would raise FileNotFoundError: the checks come first
@@ -568,7 +568,7 @@ def test_shard_tokens_must_be_a_positive_int(tmp_path):
 # --- issue 19/20: what a carve leaves out, nanoGPT's split name ---------------------------------
 
 
-def test_item_86_train_alone_from_a_carved_input_says_what_it_leaves_out(tmp_path, capsys):
+def test_train_alone_from_a_carved_input_says_what_it_leaves_out(tmp_path, capsys):
     data = make_dataset(tmp_path / "in", MANY)  # no validation split: one is carved from train
     assert pt.main(["--dataset", str(data), "--out", str(tmp_path / "a"), "--splits", "train"]) == 0
     lines = capsys.readouterr().out.splitlines()

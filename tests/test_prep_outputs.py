@@ -263,7 +263,7 @@ def test_id_that_does_not_fit_the_dtype_raises_instead_of_wrapping(tmp_path, mon
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging folder left
 
 
-def test_item_64_prep_streams_and_never_preallocates():
+def test_prep_streams_and_never_preallocates():
     names = set()
     for path in [ROOT / "python_files" / "prepare_tokens.py", *ROOT.glob("python_files/prep_*.py")]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -328,7 +328,7 @@ def test_a_dangling_out_link_fails_before_the_dataset_loads(tmp_path, monkeypatc
         assert not (tmp_path / "missing").exists()
 
 
-def test_item_71_unwritable_output_folder(tmp_path):
+def test_unwritable_output_folder(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
     prefix = []
@@ -360,7 +360,7 @@ def test_item_71_unwritable_output_folder(tmp_path):
     assert list(locked.iterdir()) == []
 
 
-def test_item_75_names_cannot_leave_the_output_folder(tmp_path):
+def test_names_cannot_leave_the_output_folder(tmp_path):
     import tiktoken
 
     enc = tiktoken.get_encoding("gpt2")
@@ -400,7 +400,7 @@ def test_item_75_names_cannot_leave_the_output_folder(tmp_path):
         )
 
 
-def test_item_76_planted_symlinks(tmp_path, monkeypatch):
+def test_planted_symlinks(tmp_path, monkeypatch):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     data, out = prep_input(tmp_path / "in", STORIES[:6], STORIES[6:8]), tmp_path / "out"
@@ -425,7 +425,7 @@ def test_item_76_planted_symlinks(tmp_path, monkeypatch):
     assert nd.open_tokens(out / "train.bin", verify=True).size > 0
 
 
-def test_item_80_output_modes_follow_the_umask(tmp_path):
+def test_output_modes_follow_the_umask(tmp_path):
     data = prep_input(tmp_path / "in", STORIES[:6], STORIES[6:8])
     for mask, mode in [(0o022, 0o644), (0o077, 0o600)]:
         out = tmp_path / f"out_{mask:o}"
@@ -486,7 +486,7 @@ def test_cli_end_to_end_on_bundled_sample(tmp_path, enc):
     assert [line.endswith("(up to date)") for line in rerun.stdout.splitlines()] == [True, True]
 
 
-def test_item_82_a_shard_glob_matches_only_its_own_folder(tmp_path):
+def test_a_shard_glob_matches_only_its_own_folder(tmp_path):
     from npy_datasets import NpyTokensDataset
 
     data = make_dataset(tmp_path / "in", MANY, ["v"])
@@ -499,7 +499,7 @@ def test_item_82_a_shard_glob_matches_only_its_own_folder(tmp_path):
     assert "run[[]1]/train_[0-9]" in mine.summary()
 
 
-def test_item_87_an_up_to_date_rerun_into_a_read_only_folder_writes_nothing(tmp_path):
+def test_an_up_to_date_rerun_into_a_read_only_folder_writes_nothing(tmp_path):
     data, out = make_dataset(tmp_path / "in", MANY, ["v"]), tmp_path / "out"
     prepare(data, out)
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}

@@ -96,7 +96,7 @@ def test_an_unreadable_sidecar_means_rebuild_without_force(tmp_path):
     }
 
 
-def test_item_30_existing_output_is_swapped_not_deleted(tmp_path):
+def test_existing_output_is_swapped_not_deleted(tmp_path):
     data, out = prep_input(tmp_path / "in", STORIES, STORIES[:5]), tmp_path / "out"
     prepare_on_one_thread(data, out, column="story")
     (out / "notes.txt").write_text("mine")
@@ -394,7 +394,7 @@ def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
 # --- issue 19: reruns after damage, shared folders, shard arithmetic ----------------------------
 
 
-def test_item_83_damage_of_the_same_size_is_rebuilt_without_force(tmp_path):
+def test_damage_of_the_same_size_is_rebuilt_without_force(tmp_path):
     data, out = make_dataset(tmp_path / "in", MANY, ["v"]), tmp_path / "out"
     prepare(data, out)
     path = out / "train.npy"
@@ -412,7 +412,7 @@ def test_item_83_damage_of_the_same_size_is_rebuilt_without_force(tmp_path):
 LOCK = ".prepare_tokens.lock"  # prep_outputs.LOCK_NAME, spelled out: the test names the file
 
 
-def test_item_84_a_live_run_that_this_run_cannot_see_keeps_its_temp_files(tmp_path, capsys):
+def test_a_live_run_that_this_run_cannot_see_keeps_its_temp_files(tmp_path, capsys):
     import threading
 
     data, out = make_dataset(tmp_path / "in", DOCS, ["v"]), tmp_path / "out"
@@ -506,7 +506,7 @@ def test_a_lock_file_that_cannot_lock_is_an_error_naming_it(tmp_path, kind):
     assert sorted(p.name for p in out.iterdir()) == [LOCK]  # nothing written
 
 
-def test_item_88_shard_tokens_that_divide_the_count_or_are_one(tmp_path):
+def test_shard_tokens_that_divide_the_count_or_are_one(tmp_path):
     data = make_dataset(tmp_path / "in", ["A cat.", "It sat on a mat today."], ["v"])
     whole = np.load(prepare(data, tmp_path / "one", splits=["train"])["train"].path)
     divisors = [k for k in range(2, len(whole)) if len(whole) % k == 0]
@@ -521,7 +521,7 @@ def test_item_88_shard_tokens_that_divide_the_count_or_are_one(tmp_path):
         assert result.meta["n_tokens"] == len(whole) and result.meta["n_docs"] == 2
 
 
-def test_item_88_a_sharded_splits_totals_come_from_every_shard(tmp_path):
+def test_a_sharded_splits_totals_come_from_every_shard(tmp_path):
     data = make_dataset(tmp_path / "in", MANY[5:15], ["v"])
     result = prepare(
         data, tmp_path / "out", splits=["train"], shard_tokens=7, eot_placement="append"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import npy_datasets as nd
+import prep_outputs
 import prep_tokenize
 import prepare_tokens as pt
 from conftest import (
@@ -156,7 +157,7 @@ def test_a_byte_order_mark_is_dropped_at_the_start_of_each_document_and_only_the
     assert result.meta["source"]["n_empty_docs_skipped"] == 1
 
 
-def test_item_35_hostile_text(tmp_path):
+def test_hostile_text(tmp_path):
     import tiktoken
 
     enc = tiktoken.get_encoding("gpt2")
@@ -265,7 +266,7 @@ def test_gpt2_encoding_refuses_a_file_whose_sha256_differs(tmp_path):
     )
 
 
-def test_item_79_tampered_tokenizer_file_is_refused(tmp_path):
+def test_tampered_tokenizer_file_is_refused(tmp_path):
     good, bad = tmp_path / "good", tmp_path / "bad"
     shutil.copytree(ROOT / "materials" / "tiktoken_cache", good)
     shutil.copytree(ROOT / "materials" / "tiktoken_cache", bad)
@@ -336,7 +337,7 @@ def _wide_encoding():
     )
 
 
-def test_item_31_wide_vocabulary_gets_uint32(tmp_path):
+def test_wide_vocabulary_gets_uint32(tmp_path):
     enc = _wide_encoding()
     texts = ["A cat sat.", "Then it ran home."]
     result = pt.prepare_split(
@@ -356,20 +357,23 @@ def test_item_31_wide_vocabulary_gets_uint32(tmp_path):
     refused(
         result.path,
         nd.TokenFileError,
-        "ids up to 70000, too many for vocab_size=70000",
+        "ids up to 70000, past vocab_size=70000",
         seq_len=2,
         vocab_size=70_000,
     )
-    with pytest.raises(
-        ValueError, match=r"token id 70000 does not fit uint16 \(valid ids: 0 to 65,535\)"
-    ):
-        pt.write_token_file(
-            [np.array(expected)], tmp_path / "narrow.npy", np.uint16
-        )  # checked before the cast
+    with pytest.raises(ValueError, match=r"n_vocab=70,001 has ids that uint16 cannot hold"):
+        nd.write_tokens(  # refused before a byte is written: a cast would wrap 70000 to 4464
+            tmp_path / "narrow.npy",
+            expected,
+            n_vocab=70_001,
+            tokenizer="t",
+            eot_id=0,
+            dtype="uint16",
+        )
     assert not (tmp_path / "narrow.npy").exists()
 
 
-def test_item_38_vocab_limits_come_from_the_encoding(tmp_path):
+def test_vocab_limits_come_from_the_encoding(tmp_path):
     import tiktoken
 
     for enc in (tiktoken.get_encoding("gpt2"), _wide_encoding()):
@@ -377,11 +381,14 @@ def test_item_38_vocab_limits_come_from_the_encoding(tmp_path):
             text_split(enc.name, ["one story"]), tmp_path, enc, num_threads=1, progress=False
         ).meta
         assert meta["n_vocab"] == enc.n_vocab == enc.max_token_value + 1  # special tokens included
-        assert meta["dtype"] == nd.token_dtype(enc.n_vocab).name and meta["eot_id"] == enc.eot_token
+        assert (
+            meta["dtype"] == prep_outputs.token_dtype(enc.n_vocab).name
+            and meta["eot_id"] == enc.eot_token
+        )
     assert tiktoken.get_encoding("gpt2").n_vocab == 50_257
 
 
-def test_item_87_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it(tmp_path):
+def test_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it(tmp_path):
     env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tmp_path / "empty_cache"), **NO_NETWORK)
     command = [sys.executable, "python_files/prepare_tokens.py", "--out", str(tmp_path / "out")]
     proc = subprocess.run(

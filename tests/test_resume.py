@@ -192,11 +192,6 @@ def test_a_state_of_another_format_or_order_is_refused_naming_the_field(arange_f
     assert epoch == 0 and indices.tolist() == sampler.order(0)[4:8].tolist()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="module bug: load_state_dict compares json.dumps(field) without sort_keys, so a state "
-    "stored as JSON with sorted keys is refused as 'dataset is ...' of the same dataset",
-)
 def test_a_state_stored_as_json_with_sorted_keys_resumes(arange_file):
     ds = nd.NpyTokensDataset(arange_file(200), 8)
     sampler = nd.EpochSampler(ds, seed=1, batch_size=4)
@@ -294,11 +289,6 @@ def test_consumed_cannot_exceed_the_batches_handed_out(arange_file):
             sampler.state_dict(consumed=consumed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="module bug: state_dict(consumed=np.int64(k)) returns position as an np.int64, which "
-    "json.dumps refuses (items = min(consumed * batch_size, ...) keeps numpy's type)",
-)
 def test_a_numpy_step_gives_a_json_state(arange_file):
     sampler = nd.EpochSampler(nd.NpyTokensDataset(arange_file(200), 8), batch_size=4)
     batches = iter(sampler)

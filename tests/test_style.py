@@ -74,7 +74,7 @@ def test_no_test_function_is_defined_twice_under_one_name():
     assert not twice, f"test names defined more than once: {twice}"
 
 
-def test_item_72_77_no_pickle_loading_or_remote_code():
+def test_no_pickle_loading_or_remote_code():
     bad = {  # each snippet must be caught, with the reason in the message
         "import pickle\nwith open('c.pkl', 'rb') as f:\n    cache = pickle.load(f)": "pickle.load",
         "import pickle as pk\ndata = pk.loads(blob)": "pk.loads of bytes not made by pk.dumps",
