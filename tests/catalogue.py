@@ -133,7 +133,7 @@ CATALOGUE = [
     Item(19, "file", "file truncated, rewritten or replaced after it was opened").tried_by(
         FAULTS + "test_file_changed_under_a_running_loader_is_a_clear_error",
         FAULTS + "test_holding_the_array_across_a_truncation_still_dies_of_sigbus",
-        limit="code that keeps ds.memmap() (the array) and reads it after the file shrank in place, or a "
+        limit="code that keeps open_tokens()'s array and reads it after the file shrank in place, or a "
         "truncation landing between the per-batch check and the copy, still dies of SIGBUS: "
         "the kernel signals a read past the end of a mapped file, and only reading without mmap "
         "would avoid it",
@@ -158,19 +158,21 @@ CATALOGUE = [
     ),
     # --- parameters ---
     Item(24, "params", "seq_len of the wrong type or value").tried_by(
-        DATASET + "test_item_24_seq_len"
+        DATASET + "test_seq_len_of_the_wrong_type_or_value_is_refused_by_name"
     ),
     Item(25, "params", "fewer tokens than one window needs").tried_by(
-        DATASET + "test_item_25_too_few_tokens"
+        DATASET + "test_too_few_tokens_for_one_window_are_refused_naming_the_counts"
     ),
     Item(26, "params", "window count and positions").tried_by(
         DATASET + "test_windows_cover_every_token_once",
     ),
     Item(27, "params", "out-of-range, negative and odd index types").tried_by(
-        DATASET + "test_index_types", DATASET + "test_a_batch_of_bad_indices_names_the_bad_one"
+        DATASET + "test_one_window_takes_an_int_of_any_integer_type_and_refuses_the_rest",
+        DATASET + "test_a_batch_of_bad_indices_names_the_bad_one",
+        DATASET + "test_epoch_and_indices_index_a_batch",
     ),
     Item(28, "params", "more than 2**31 tokens").tried_by(
-        DATASET + "test_item_28_offsets_past_2_31_tokens"
+        DATASET + "test_offsets_past_2_31_tokens_do_not_wrap"
     ),
     Item(29, "params", "bad prep parameters").tried_by(
         PREP_INPUTS + "test_prep_parameters",
@@ -210,7 +212,7 @@ CATALOGUE = [
         PREP_INPUTS + "test_non_text_column_is_refused",
     ),
     Item(37, "dtype", "mixing dtypes or tokenizers across shards").tried_by(
-        FILES + "test_item_37_one_dtype_and_one_tokenizer_per_dataset",
+        FILES + "test_a_dataset_has_one_dtype_and_one_tokenizer",
         differs="a file without sidecar has no recorded tokenizer and is not compared; make_dataloaders "
         "does not compare train with validation (two datasets, each checked on its own)",
     ),
@@ -218,7 +220,7 @@ CATALOGUE = [
         TOKENIZE + "test_vocab_limits_come_from_the_encoding"
     ),
     Item(39, "dtype", "what __getitem__ returns").tried_by(
-        DATASET + "test_item_39_windows_are_int64_copies"
+        DATASET + "test_windows_are_int64_copies"
     ),
     # --- workers ---
     Item(40, "workers", "same batches for 0, 1, 2 workers, fork and spawn").tried_by(
@@ -247,14 +249,15 @@ CATALOGUE = [
         differs="the GPU half runs only where CUDA is available; without it make_dataloaders does not pin",
     ),
     Item(47, "workers", "open files and mappings").tried_by(
-        FILES + "test_item_47_no_file_opened_per_window",
-        FILES + "test_item_47_many_shards_under_a_low_open_file_limit",
+        FILES + "test_windows_open_no_file_and_map_each_file_once",
+        FILES + "test_an_epoch_over_many_shards_keeps_half_the_free_descriptors_for_others",
+        FILES + "test_running_out_of_descriptors_while_mapping_names_the_limit_and_ulimit",
     ),
     Item(48, "workers", "early break and deleted loaders").tried_by(
         FAULTS + "test_breaking_early_and_deleting_the_loader_stop_the_workers"
     ),
     Item(49, "workers", "memory over long epochs").tried_by(
-        FILES + "test_item_49_private_memory_stays_flat"
+        FILES + "test_private_memory_stays_flat_over_epochs"
     ),
     Item(50, "workers", "randomness only from (seed, epoch, index)").tried_by(
         SAMPLER + "test_global_random_state_changes_no_window_and_no_order"
@@ -443,6 +446,8 @@ CATALOGUE = [
     Item(89, "workers", "DataLoader workers under a low open-file limit (a hang)").tried_by(
         FILES + "test_workers_under_a_low_open_file_limit_are_refused_at_once_naming_it",
         LOADERS + "test_the_descriptor_check_counts_the_batches_each_worker_prefetches",
+        FAULTS + "test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit",
+        FAULTS + "test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out",
     ),
     Item(90, "file", "llm.c shard whose unused header words are not zero").tried_by(
         FORMAT + "test_an_llmc_header_with_other_words_set_is_read_by_its_magic_and_version"
@@ -450,8 +455,8 @@ CATALOGUE = [
     Item(91, "distributed", "ranks with same-size files of other ids and no sidecars").tried_by(
         LOADERS + "test_torchrun_ranks_that_disagree_all_fail_naming_the_rank"
     ),
-    Item(92, "params", "integers past int64, and a bool as a file number").tried_by(
-        DATASET + "test_huge_numbers_and_a_bool_file_number_are_refused_by_name"
+    Item(92, "params", "integers past int64, and a bool as an index").tried_by(
+        DATASET + "test_huge_numbers_and_a_bool_index_are_refused_by_name"
     ),
     Item(93, "file", "sidecar with a null field, or a sidecar that is a link loop").tried_by(
         FORMAT + "test_a_sidecar_field_of_null_and_a_sidecar_link_loop_are_named"
@@ -460,7 +465,8 @@ CATALOGUE = [
         FORMAT + "test_a_change_in_the_last_kib_of_a_large_file_is_refused_on_open"
     ),
     Item(95, "workers", "a hot file among more files than the map cap").tried_by(
-        FILES + "test_a_hot_file_stays_mapped_while_cold_ones_take_turns"
+        FILES + "test_a_hot_file_stays_mapped_while_cold_ones_take_turns",
+        FILES + "test_a_worker_whose_maps_fill_the_cap_closes_the_least_recently_used",
     ),
     Item(
         96, "distributed", "a state saved mid-epoch: padded ranks, or right after set_epoch"

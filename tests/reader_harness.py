@@ -2,6 +2,8 @@
 
     python tests/reader_harness.py loaders FOLDER   # every DataLoader scenario; one JSON line each
     python tests/reader_harness.py hold FOLDER      # keeps the array across a truncation: dies of SIGBUS
+    python tests/reader_harness.py descriptors FOLDER LIMIT HELD WORKERS PREFETCH [LATER]
+                                                    # an epoch over FOLDER/shard_*.npy, few descriptors
 
 Each scenario writes its own arange token file in FOLDER (token i at position i), so every batch
 proves where it came from, and prints {"scenario": ..., "outcome": ..., ...} on one line.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -180,12 +183,59 @@ def loaders(folder: Path) -> None:
 def hold(folder: Path) -> None:
     """The one case the module cannot catch: code that keeps the array while the file shrinks."""
     path = write_tokens(folder / "held.npy", np.arange(200_000, dtype=np.uint32), sidecar=False)
-    ds = nd.NpyTokensDataset(path, SEQ_LEN)
-    tokens = ds.memmap()  # checked now; every later read through this array bypasses the check
+    tokens = nd.open_tokens(path)  # checked now; every later read through this array bypasses it
     print(json.dumps({"before": int(tokens[-1])}), flush=True)
     os.truncate(path, 0)
     print(json.dumps({"after": int(tokens[-1])}), flush=True)  # the kernel answers with SIGBUS
 
 
+def _maps_of_children() -> dict[int, int]:
+    """How many shard files each child process (a worker) has mapped now, from /proc."""
+    maps = {}
+    for child in psutil.Process().children():
+        with open(f"/proc/{child.pid}/maps") as f:
+            maps[child.pid] = len({line.split()[-1] for line in f if "shard_" in line})
+    return maps
+
+
+def descriptors(folder: Path, limit: int, held: int, workers: int, prefetch: int, later=0) -> None:
+    """One epoch of make_dataloaders over folder's shards under an open-file limit, with `held`
+    descriptors taken before and `later` more after make_dataloaders. Prints one JSON line: the
+    windows served and each worker's most maps, or the error. Before it, a line {"progress": ...}
+    once the loader is made and after each batch: the caller's watchdog catches a hang."""
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    )
+    taken = [os.open(os.devnull, os.O_RDONLY) for _ in range(held)]
+    result = {}
+    try:
+        ds = nd.NpyTokensDataset(str(folder / "shard_*.npy"), 8)
+        train, _ = nd.make_dataloaders(
+            ds, batch_size=32, num_workers=workers, prefetch_factor=prefetch, pin_memory=False
+        )
+        taken += [os.open(os.devnull, os.O_RDONLY) for _ in range(later)]
+        result["in_use_at_fork"] = len(os.listdir("/proc/self/fd")) - 1  # not listdir's own
+        print(json.dumps({"progress": "loader made"}), flush=True)
+        starts, most_maps = [], {}
+        for x, _ in train:
+            starts += x[:, 0].tolist()
+            print(json.dumps({"progress": len(starts)}), flush=True)
+            try:  # reading /proc takes a descriptor: skipped where none is free
+                now = _maps_of_children()
+            except (OSError, psutil.Error):
+                continue
+            most_maps = {pid: max(n, most_maps.get(pid, 0)) for pid, n in now.items()}
+        result.update(outcome="finished", starts=starts, most_maps=list(most_maps.values()))
+    except Exception as error:  # the test inspects the type and the message
+        traceback.clear_frames(error.__traceback__)
+        result.update(outcome="error", type=type(error).__name__, message=str(error))
+    print(json.dumps(result), flush=True)
+    for child in psutil.Process().children(recursive=True):
+        child.kill()  # workers left in any state: no shutdown to wait for
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    {"loaders": loaders, "hold": hold}[sys.argv[1]](Path(sys.argv[2]))
+    command, folder, *numbers = sys.argv[1:]
+    scenarios = {"loaders": loaders, "hold": hold, "descriptors": descriptors}
+    scenarios[command](Path(folder), *map(int, numbers))
