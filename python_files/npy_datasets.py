@@ -288,8 +288,7 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
         layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
         probe = _probe(f, head, st.st_size)
         f.seek(0)
-        if verify and hashlib.file_digest(f, "sha256").hexdigest() != meta.get("sha256"):
-            raise TokenFileError(f"{path!r}: its sha256 is not its sidecar's, or it has none")
+        digest = hashlib.file_digest(f, "sha256").hexdigest() if verify else None
     if dtype not in (None, found):
         raise TokenFileError(f"{path!r} holds {found.name}, but dtype={dtype.name} was passed")
     actual = {"layout": layout, "dtype": found.name, "shape": list(shape), "file_size": st.st_size}
@@ -298,6 +297,9 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     if bad is not None:  # the sidecar must describe this very file
         was = f"{bad} is {meta.get(bad)!r:.70} there, {actual[bad]!r:.70} here"
         raise TokenFileError(f"{path!r} was replaced or damaged since its sidecar: {was}")
+    if verify and digest != meta.get("sha256"):  # a read of every byte
+        problem = "is damaged: its sha256 is not its sidecar's" if meta else "has no sidecar"
+        raise TokenFileError(f"{path!r} {problem}, which verify=True compares")
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
     if vocab_size is not None:  # the sidecar's max_token_id, or else one scan of the file
