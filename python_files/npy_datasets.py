@@ -61,9 +61,13 @@ LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # llm.c's model, st
 PROBE_BYTES = 1 << 16  # every open hashes a file's first and last 64 KiB: a swap shows, cheaply
 MAX_OPEN_FILES = 1024  # files one process keeps mapped at most (each map holds a descriptor)
 # DataLoader workers need 16 free descriptors, and 4 for each batch in flight (x and y, doubled):
-# 2 workers with prefetch_factor 2 hung under 24 free, so 16 + 2 a batch was measured.
+# 2 workers with prefetch_factor 2 hung under 24 free: 16, and 2 a batch in flight, doubled.
 LOADER_DESCRIPTORS = 16
 BATCH_DESCRIPTORS = 4
+# The sidecar fields write_tokens measures or takes as arguments: **fields cannot set them.
+WRITTEN_FIELDS = {"format", "format_version", "file", "layout", "dtype", "shape", "n_tokens"}
+WRITTEN_FIELDS |= {"file_size", "sha256", "probe_sha256", "max_token_id", "tokenizer", "n_vocab"}
+WRITTEN_FIELDS |= {"eot_id"}
 
 
 class TokenFileError(ValueError):
@@ -110,12 +114,15 @@ def write_tokens(
     dtype = _token_dtype(dtype, "the dtype argument")
     if n_vocab - 1 > np.iinfo(dtype).max:
         raise ValueError(f"n_vocab={n_vocab:,} has ids that {dtype.name} cannot hold")
+    taken = sorted(fields.keys() & WRITTEN_FIELDS)
+    if taken:
+        raise TypeError(f"{str(path)!r}: write_tokens sets {taken} itself; nothing written")
     fields = {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}
     try:  # (ids == eot).sum() is a numpy int, now an int; what JSON cannot hold is refused
         fields = json.loads(json.dumps(fields, allow_nan=False))
     except (TypeError, ValueError) as error:
         raise TypeError(f"{str(path)!r}: a sidecar field is not JSON ({error}); nothing written")
-    fields = {"eot_placement": "prepend", **fields, "tokenizer": tokenizer}
+    fields = {**fields, "tokenizer": tokenizer}
     fields |= {"n_vocab": int(n_vocab), "eot_id": int(eot_id)}
     if header is None:  # raw ids in a .bin, as nanoGPT's train.bin
         header = (lambda dtype, shape: b"") if path.suffix == ".bin" else _npy_header
@@ -140,9 +147,6 @@ def _write_atomically(
     try:
         with open(tmp, "x+b") as f:  # "x": never a file, or a link, planted at that name
             meta = _write_ids(f, path, ids, dtype, n_vocab, header)
-        taken = sorted(meta.keys() & fields.keys())
-        if taken:
-            raise TypeError(f"{str(path)!r}: write_tokens sets {taken} itself; nothing written")
         meta |= fields
         with open(side_tmp, "xb") as f:
             f.write((json.dumps(meta, sort_keys=True, indent=2) + "\n").encode())
@@ -173,8 +177,8 @@ def _write_ids(
     layout = "bin" if not start else "npy" if start.startswith(NPY_MAGIC) else "llmc"
     llmc = int.from_bytes(start[:4], "little") in LLMC_VERSIONS
     if (layout == "llmc" and not llmc) or (path.suffix == ".npy" and layout != "npy"):
-        raise ValueError(f"{str(path)!r}: header= must write llm.c's header, to a non-.npy path")
-    one_array = isinstance(ids, (np.ndarray, list, tuple))
+        raise ValueError(f"{str(path)!r}: header= writes llm.c's header only (.npy: numpy's)")
+    one_array = isinstance(ids, (list, tuple, range)) or hasattr(ids, "__array__")  # torch's too
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TypeError(f"{str(path)!r}: ids are an array of ints, or an iterable of them")
     chunks = [ids] if one_array else ids  # else an iterable of 1-D arrays
@@ -200,7 +204,11 @@ def _write_ids(
     f.seek(0)
     about = {"format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name}
     about |= {"layout": layout, "dtype": dtype.name, "shape": list(shape), "n_tokens": count}
-    about |= {"file_size": size, "sha256": sha256, "probe_sha256": _probe(f, f.read(1 << 16), size)}
+    about |= {
+        "file_size": size,
+        "sha256": sha256,
+        "probe_sha256": _probe(f, f.read(PROBE_BYTES), size),
+    }
     return about | {"max_token_id": top}
 
 
@@ -315,7 +323,7 @@ def _layout(
     path: str, head: bytes, size: int, meta: dict[str, Any], dtype: np.dtype | None
 ) -> tuple[str, np.dtype, tuple[int, ...], int]:
     """The layout the first bytes tell, and the ids' dtype, shape and offset. A sidecar's "bin"
-    is final: raw ids may spell a magic (GPT-2's 20115, 19797, 22864)."""
+    is final: raw ids may spell a magic (GPT-2's 20115, 19797, 22864 are b"\x93NUMPY")."""
     magic = int.from_bytes(head[:4], "little")
     raw = meta.get("layout") == "bin"
     if not raw and (head.startswith(NPY_MAGIC) or path.endswith(".npy")):
@@ -796,6 +804,8 @@ def make_dataloaders(
     ):
         found = f"{type(train).__name__} and {type(val).__name__}"
         raise TypeError(f"train and val (or None) must be NpyTokensDatasets, got {found}")
+    for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0)):
+        _check_int(name, value, low)  # before the ranks compare them as JSON
     _check_int("num_workers", num_workers, 0)
     _check_int("prefetch_factor", prefetch_factor, 1)
     if pin_memory not in (None, True, False):
@@ -805,7 +815,7 @@ def make_dataloaders(
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         val_fingerprint = None if val is None else val.fingerprint()
         fingerprints = {"train": train.fingerprint(), "val": val_fingerprint}
-        verify_across_ranks({**fingerprints, "batch_size": batch_size, "seed": seed})
+        verify_across_ranks({**fingerprints, "batch_size": int(batch_size), "seed": int(seed)})
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     if pin and torch.cuda.is_available():
         _check_pinning()
@@ -859,7 +869,8 @@ def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     dist.all_gather(seen, mine, group=group)  # 32 bytes a rank: nothing is pickled
     other = next((rank for rank, theirs in enumerate(seen) if not torch.equal(theirs, seen[0])), 0)
     if other:
-        raise RuntimeError(f"rank {other} differs from rank 0 in its files or settings: {settings}")
+        mine = f"rank {dist.get_rank(group)} has {settings}"
+        raise RuntimeError(f"rank {other} has other files or settings than rank 0; {mine}")
 
 
 def to_device(

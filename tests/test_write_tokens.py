@@ -227,3 +227,28 @@ def test_a_missing_folder_is_named_by_the_target_path(tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         nd.write_tokens(path, np.arange(5), **WRITER)
     assert str(path) in str(info.value) and ".tmp." not in str(info.value)
+
+
+def test_the_fields_write_tokens_sets_are_the_ones_it_refuses_from_the_caller(tmp_path):
+    meta = nd.write_tokens(tmp_path / "t.npy", np.arange(10), **WRITER, n_docs=1)
+    assert set(meta) - {"n_docs"} == nd.WRITTEN_FIELDS  # measured, or taken as arguments
+    for name in sorted(
+        nd.WRITTEN_FIELDS - {"tokenizer", "n_vocab", "eot_id", "dtype"}
+    ):  # arguments
+        with pytest.raises(TypeError, match=name):
+            nd.write_tokens(tmp_path / "u.npy", iter_forever(), **WRITER, **{name: 1})
+    assert not (tmp_path / "u.npy").exists()  # refused before the first chunk was asked for
+
+
+def iter_forever():
+    while True:
+        yield np.arange(10)
+
+
+def test_torch_tensors_are_arrays_to_write(tmp_path):
+    import torch
+
+    flat = nd.write_tokens(tmp_path / "flat.npy", torch.arange(12), **WRITER)
+    rows = nd.write_tokens(tmp_path / "rows.npy", torch.arange(12).view(3, 4), **WRITER)
+    assert (flat["shape"], rows["shape"]) == ([12], [3, 4])
+    assert nd.open_tokens(tmp_path / "rows.npy").tolist() == torch.arange(12).view(3, 4).tolist()
