@@ -1,4 +1,5 @@
-"""Faults injected into real runs: prep killed, interrupted or out of disk; files changing under readers; dying workers.
+"""Faults injected into real runs: prep killed, interrupted or out of disk; files changing under
+readers; dying workers; workers under few descriptors, and pinning that fails.
 
 The prep step runs in subprocesses through tests/prep_harness.py, which replaces one function of
 prepare_tokens with a wrapper that kills the process at an exact point (prepare_tokens has no test
@@ -141,18 +142,21 @@ def assert_nothing_half_done(folder: Path, allowed: list[dict[str, bytes]]) -> N
                 f"{name}: finished but unknown bytes"
             )
         else:
-            with pytest.raises(nd.TokenFileError, match="which verify=True needs"):
+            with pytest.raises(nd.TokenFileError) as info:
                 nd.open_tokens(path, verify=True)
+            assert repr(str(path)) in str(info.value) and "sidecar" in str(info.value)
 
 
 # =================================================================================================
 # Prep: killed, interrupted, out of space, concurrent.
 
+# Each split is written by write_tokens into a staging folder of the run's own, then swapped in:
+# the old sidecar deleted, the token file renamed into the output folder, then its sidecar.
 KILLS_FRESH = {  # kill point -> the final files that must exist right after the kill
     "chunk:1": set(),  # before any id is written
     "chunk:8": set(),  # seven chunks into train
-    "replace:1": set(),  # train finished and fsynced, not yet renamed
-    "sidecar:1": {"train.npy"},  # train renamed into place, its sidecar not written
+    "replace:1": set(),  # train finished and fsynced in staging, not yet renamed there
+    "sidecar:1": {"train.npy"},  # train swapped into place, its sidecar not yet
     "chunk:17": {"train.npy", "train.npy.json"},  # one chunk into validation
 }
 KILLS_REBUILD = [
@@ -192,7 +196,7 @@ def test_sigkill_at_each_stage_of_prep_leaves_nothing_half_done(tmp_path, pt, da
             without_sidecar = {k: v for k, v in old.items() if k != "train.npy.json"}
             expected = {
                 "chunk:5": old,  # nothing renamed yet: untouched
-                "replace:1": without_sidecar,  # the old ids untouched; their sidecar goes just before the rename
+                "replace:1": old,  # still in staging: the old files and sidecar untouched
                 "sidecar:1": {
                     **without_sidecar,
                     "train.npy": reference["train.npy"],
@@ -204,26 +208,33 @@ def test_sigkill_at_each_stage_of_prep_leaves_nothing_half_done(tmp_path, pt, da
         assert temps(out) == []
 
 
+def interrupt_at_chunk(k: int):
+    """A DocumentCount.passing that raises KeyboardInterrupt as the k-th chunk (from 1) goes to
+    write_tokens, as Ctrl-C there would."""
+    real = prep_outputs.DocumentCount.passing
+    chunks = itertools.count(1)
+
+    def passing(self, pieces):
+        for ids in real(self, pieces):
+            if next(chunks) == k:
+                raise KeyboardInterrupt
+            yield ids
+
+    return passing
+
+
 def test_ctrl_c_at_chunk_k_removes_the_temp_and_keeps_the_old_output(
     tmp_path, pt, data, reference, monkeypatch, capsys
 ):
-    real = prep_outputs._as_token_array
     for k in (1, 6, 15, 17):  # first chunk, mid train, train's last chunk, mid validation
         out = tmp_path / f"k{k}"
         prepare(pt, data, out, column="story")
         old = finals(out)
-        calls = itertools.count(1)
-
-        def interrupt_at_k(chunk, dtype):
-            if next(calls) == k:
-                raise KeyboardInterrupt
-            return real(chunk, dtype)
-
         with monkeypatch.context() as patch:
-            patch.setattr(prep_outputs, "_as_token_array", interrupt_at_k)
+            patch.setattr(prep_outputs.DocumentCount, "passing", interrupt_at_chunk(k))
             with pytest.raises(KeyboardInterrupt):
                 prepare(pt, data, out)
-        assert temps(out) == [], f"k={k}: a temp file was left"
+        assert temps(out) == [], f"k={k}: a temp file or staging folder was left"
         now = finals(out)
         if k <= 15:
             assert now == old
@@ -236,21 +247,11 @@ def test_ctrl_c_at_chunk_k_removes_the_temp_and_keeps_the_old_output(
         assert_nothing_half_done(out, [reference, old])
         prepare(pt, data, out)
         assert finals(out) == reference
-    calls = itertools.count(1)
-
-    def interrupt_at_3(chunk, dtype):
-        if next(calls) == 3:
-            raise KeyboardInterrupt
-        return real(chunk, dtype)
-
-    monkeypatch.setattr(prep_outputs, "_as_token_array", interrupt_at_3)
-    assert (
-        pt.main(cli_args(data, tmp_path / "cli")) == 130
-    )  # the command line: exit 130, a one-line message
-    assert (
-        "interrupted: unfinished files removed, earlier outputs untouched"
-        in capsys.readouterr().err
-    )
+    monkeypatch.setattr(prep_outputs.DocumentCount, "passing", interrupt_at_chunk(3))
+    # the command line: exit 130, a one-line message
+    assert pt.main(cli_args(data, tmp_path / "cli")) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: unfinished files removed, earlier outputs untouched" in err
     assert finals(tmp_path / "cli") == {} and temps(tmp_path / "cli") == []
 
 
@@ -265,13 +266,13 @@ def test_file_size_limit_fails_clearly_and_keeps_the_old_output(tmp_path, pt, da
             "fsize",
         )
     )
-    target = str(out / "train.npy")
-    expected = f"prepare_tokens.py: error: [Errno {errno.EFBIG}] {os.strerror(errno.EFBIG)} while writing: {target!r}"
-    assert code == 1 and expected in err, err[-2000:]
+    error = f"prepare_tokens.py: error: [Errno {errno.EFBIG}] {os.strerror(errno.EFBIG)}"
+    line = next((line for line in err.splitlines() if line.startswith(error)), None)
+    assert code == 1 and line, err[-2000:]
+    assert str(out) in line and "train.npy" in line  # the file being written, in its folder
     assert "Traceback" not in err
-    assert (
-        finals(out) == reference and temps(out) == []
-    )  # untouched, and the partial temp file removed
+    # untouched, and the partial temp file and the staging folder removed
+    assert finals(out) == reference and temps(out) == []
 
 
 def test_two_runs_on_one_output_leave_one_valid_output(tmp_path, pt, data, reference):
@@ -287,18 +288,19 @@ def test_two_runs_on_one_output_leave_one_valid_output(tmp_path, pt, data, refer
         nd.open_tokens(out / f"{split}.npy", verify=True)
 
 
-def test_a_sidecar_deleted_by_another_run_in_between_is_not_an_error(tmp_path, pt):
+def test_a_sidecar_deleted_by_another_run_in_between_is_not_an_error(tmp_path):
     path = tmp_path / "train.npy"
-    pt.write_token_file([np.arange(10)], path)
-    side = nd.write_sidecar(path, {"format": "npy-tokens"})
+    write_tokens(path, np.arange(10, dtype=np.uint16))
+    side = nd.sidecar_path(path)
 
     def chunks():  # another run deletes the old sidecar while this one writes
         yield np.arange(10)
         side.unlink()
         yield np.arange(10, 20)
 
-    pt.write_token_file(chunks(), path)  # its old sidecar is deleted before the rename: gone
-    assert np.load(path).tolist() == list(range(20)) and not side.exists()
+    # write_tokens deletes the old sidecar just before its rename: gone already is no error
+    nd.write_tokens(path, chunks(), n_vocab=100, tokenizer="test:arange", eot_id=0)
+    assert nd.open_tokens(path, verify=True).tolist() == list(range(20))  # the new sidecar
     assert temps(tmp_path) == []
 
 
@@ -344,23 +346,30 @@ def test_fsync_rename_fsync_order_with_temp_files_beside_the_target(
         )
     folder = os.path.realpath(out)
 
-    def tidy(value: str) -> str:  # temp names carry a pid and random letters
+    def tidy(value: str) -> str:  # temporary names carry a pid and random letters
         value = value.replace(folder, "out")
+        value = re.sub(r"/\.prepare_tokens\.tmp\.\d+\.[0-9a-f]{8}\.train", "/<staging>", value)
         return re.sub(r"/\.(\S+?)\.tmp\.\d+\.[0-9a-f]{8}$", r"/<temp of \1>", value)
 
-    # npy_datasets.atomic_write's order: the old sidecar's deletion reaches the disk before the
-    # rename can, so a power cut never leaves the new file beside the old sidecar.
+    # write_tokens writes into the run's staging folder inside out (renames never cross a
+    # filesystem: no EXDEV), then publish swaps the files in: data durable before any rename,
+    # the old sidecar's deletion durable before the new token file lands, sidecars last.
     assert [tuple(map(tidy, event)) for event in events] == [
-        ("fsync", "out/<temp of train.npy>"),  # the data reaches the disk first
-        ("unlink", "out/train.npy.json"),  # then the old sidecar goes: no stale pair is left
-        ("fsync", "out"),  # and that deletion is durable
-        ("replace", "out/<temp of train.npy>", "out/train.npy"),  # within one folder: no EXDEV
-        ("fsync", "out"),  # the rename is durable
-        ("unlink", "out/<temp of train.npy>"),  # gone already: atomic_write's cleanup
-        ("fsync", "out/<temp of train.npy.json>"),  # and only then the sidecar, the same way
-        ("replace", "out/<temp of train.npy.json>", "out/train.npy.json"),
+        ("fsync", "out/<staging>/<temp of train.npy>"),  # the ids reach the disk first
+        ("fsync", "out/<staging>/<temp of train.npy.json>"),  # then write_tokens' sidecar
+        ("unlink", "out/<staging>/train.npy.json"),  # no old sidecar in staging: a no-op
+        ("replace", "out/<staging>/<temp of train.npy>", "out/<staging>/train.npy"),
+        ("replace", "out/<staging>/<temp of train.npy.json>", "out/<staging>/train.npy.json"),
+        ("fsync", "out/<staging>"),  # the renames are durable
+        ("unlink", "out/<staging>/<temp of train.npy>"),  # gone already: write_tokens' cleanup
+        ("unlink", "out/<staging>/<temp of train.npy.json>"),
+        ("fsync", "out/<staging>/train.npy.json"),  # the sidecar completed with the source
+        ("unlink", "out/train.npy.json"),  # the swap: the old sidecar goes first
+        ("fsync", "out"),  # and its deletion is durable: no stale pair after a power cut
+        ("replace", "out/<staging>/train.npy", "out/train.npy"),  # within out: no EXDEV
+        ("fsync", "out"),  # the token file is in place before its sidecar
+        ("replace", "out/<staging>/train.npy.json", "out/train.npy.json"),
         ("fsync", "out"),
-        ("unlink", "out/<temp of train.npy.json>"),
     ]
 
 
@@ -401,12 +410,14 @@ def test_a_zero_filled_file_without_sidecar_is_rebuilt(tmp_path, pt, data, refer
     (out / "train.npy").write_bytes(
         reference["train.npy"][:128] + b"\0" * (len(reference["train.npy"]) - 128)
     )
-    (out / ".train.npy.tmp.999999999.deadbeef").write_bytes(
-        b"\0" * 100
-    )  # a temp file of a long-dead run
+    dead = out / ".prepare_tokens.tmp.999999999.deadbeef.train"  # a long-dead run's staging
+    dead.mkdir()
+    (dead / ".train.npy.tmp.999999999.0badc0de").write_bytes(b"\0" * 100)
+    other = out / ".train.npy.tmp.999999999.deadbeef"  # write_tokens' own: maybe a live writer's
+    other.write_bytes(b"\0" * 100)
     results = prepare(pt, data, out)
     assert results["train"].written  # right size and header, but no sidecar: never reused
-    assert finals(out) == reference and temps(out) == []
+    assert finals(out) == reference and temps(out) == [other.name]  # the staging folder went
 
 
 # =================================================================================================
@@ -470,14 +481,14 @@ def test_a_killed_worker_is_reported_and_nothing_is_left(reader_outcomes):
         r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly|killed by signal",
         result["message"],
     )
-    assert result["seconds"] < 30 and result["children_left"] == []
+    assert result["children_left"] == []
 
 
 def test_a_stalled_read_hits_the_dataloader_timeout(reader_outcomes):
     result = reader_outcomes["hung_read"]
     expected = ("error", "RuntimeError", "DataLoader timed out after 1 seconds")
     assert (result["outcome"], result["type"], result["message"]) == expected
-    assert result["seconds"] < 15 and result["children_left"] == []
+    assert result["children_left"] == []
 
 
 def test_a_worker_error_names_the_worker_the_index_and_the_file(tmp_path):
