@@ -572,7 +572,7 @@ BUDGETS = [
         70,
         marks=pytest.mark.xfail(
             strict=True,
-            reason="module: workers forked with 4 descriptors free map one file each (the cap's "
+            reason="module: workers forked with about 5 descriptors free map one file each (the cap's "
             "floor of 1) and hang handing batches over; a worker's first map would have to refuse "
             "when fewer than LOADER_DESCRIPTORS are free (see the report of issue 26)",
         ),
