@@ -496,8 +496,10 @@ class NpyTokensDataset:
     def _indices(self, keys: list | np.ndarray) -> np.ndarray:
         """Window indices as int64 in [0, len(self)); a negative one counts from the end."""
         found = np.asarray(keys)
-        if found.ndim != 1 or (found.size and found.dtype.kind not in "iu"):  # bools too
-            raise TypeError(f"window indices are ints, got {found.dtype} {keys!r:.80}")
+        bools = isinstance(keys, list) and bool in map(type, keys)  # numpy reads True as 1
+        if found.ndim != 1 or (found.size and found.dtype.kind not in "iu") or bools:
+            found = f"{found.dtype} {keys!r:.80}"
+            raise TypeError(f"use ds[i] (an int) or ds[epoch, indices] (1-D ints), not {found}")
         n = self.num_samples
         low, high = (int(found.min()), int(found.max())) if found.size else (0, 0)
         if low < -n or high >= n:
@@ -758,7 +760,11 @@ class EpochSampler:
         differs = [k for k in settings if (type(state[k]), state[k]) != (type(mine[k]), mine[k])]
         bad = next(iter(differs), None)
         if bad is not None:  # types too: a JSON true is not 1
-            there = f"{state[bad]!r:.120} in the state, {mine[bad]!r:.120} here"
+            saved, here = state[bad], mine[bad]
+            if isinstance(saved, dict) and isinstance(here, dict):  # the dataset: which field of it
+                inner = next((k for k in here if saved.get(k) != here[k]), "")
+                bad, saved, here = f"{bad}.{inner}", saved.get(inner), here.get(inner)
+            there = f"{saved!r:.120} in the state, {here!r:.120} here"
             raise ValueError(f"an EpochSampler state of other windows or order: {bad} is {there}")
         _check_int("epoch", state["epoch"], 0)
         _check_int("position", state["position"], 0, self.num_samples - 1)

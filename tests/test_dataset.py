@@ -157,10 +157,6 @@ def test_a_batch_of_bad_indices_names_the_bad_one(arange_file):
     assert [x[0].item() for x, _ in samples] == [18, 90, 0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="module: np.asarray([True, 1]) is an int64 array, so a bool among ints reads as 1",
-)
 def test_a_bool_among_int_indices_is_refused_as_a_bool_alone_is(arange_file):
     ds = nd.NpyTokensDataset(arange_file(100), 9)
     with pytest.raises(TypeError, match="True"):

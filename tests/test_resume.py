@@ -135,11 +135,11 @@ def test_resume_refuses_a_state_from_other_windows(tmp_path, resume_job):
     second_file = write_tokens(tmp_path / "second.npy", np.arange(50, dtype=np.uint16))
     sampler = resume_job["sampler"]
     cases = [  # a loader built otherwise, and the field of the state it names
-        ({"seq_len": 6}, "dataset"),
-        ({"dataset": {"mode": "random", "num_samples": 22, "seed": 5}}, "dataset"),
-        ({"dataset": {"mode": "random", "num_samples": 23, "seed": 4}}, "dataset"),
-        ({"paths": [str(other_file)]}, "dataset"),
-        ({"paths": resume_job["paths"] + [str(second_file)]}, "dataset"),
+        ({"seq_len": 6}, "dataset.seq_len"),
+        ({"dataset": {"mode": "random", "num_samples": 22, "seed": 5}}, "dataset.seed"),
+        ({"dataset": {"mode": "random", "num_samples": 23, "seed": 4}}, "dataset.num_samples"),
+        ({"paths": [str(other_file)]}, "dataset.files"),
+        ({"paths": resume_job["paths"] + [str(second_file)]}, "dataset.files"),
         ({"sampler": {**sampler, "seed": 10}}, "seed"),
         ({"sampler": {**sampler, "shuffle": False}}, "shuffle"),
     ]
@@ -171,7 +171,7 @@ def test_a_state_of_another_format_or_order_is_refused_naming_the_field(arange_f
         ({**state, "shuffle": 1}, ValueError, "shuffle is 1"),
         ({**state, "num_samples": 25}, ValueError, "num_samples is 25"),
         ({**state, "num_samples": 24.0}, ValueError, "num_samples is 24.0"),
-        ({**state, "dataset": other.fingerprint()}, ValueError, "dataset is "),
+        ({**state, "dataset": other.fingerprint()}, ValueError, "dataset.files is "),
         ({**state, "dataset": None}, ValueError, "dataset is None"),
         ({**state, "epoch": -1}, ValueError, "epoch"),
         ({**state, "epoch": "1"}, TypeError, "epoch"),
