@@ -26,8 +26,22 @@ sys.path.insert(0, str(ROOT / "tools"))  # code_hazards, the linter test_style.p
 # The committed GPT-2 files, so tiktoken.get_encoding("gpt2") never needs the network here.
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT / "materials" / "tiktoken_cache"))
 
+# Timeouts catch hangs, not slowness: each is at least 10 times the quiet time of what it guards.
+# Measured on the 2-core machine: a run_process call (torchrun with two ranks, a resume or train_tiny
+# run) 3-7 s beside two CPU-bound processes, 17 s at a load of 10; a worker's first batch 0.1 s when
+# forked, 4 s when spawned (it imports torch).
 SUBPROCESS_TIMEOUT = 120  # seconds; a hung torchrun or resume process fails the test instead
 WORKER_TIMEOUT = 60  # seconds a DataLoader worker may take for one batch before the test fails
+
+
+def pytest_configure(config):
+    """Hypothesis without timers: no deadline per example (its default is 200 ms) and no too_slow
+    health check, so a loaded machine makes property tests slower, never failing."""
+    from hypothesis import HealthCheck, settings
+
+    profile = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("no_timers", **profile)
+    settings.load_profile("no_timers")
 
 
 # =================================================================================================

@@ -184,7 +184,9 @@ def execute(notebook: Path) -> None:
     nb = nbformat.read(notebook, as_version=4)
     NotebookClient(
         nb,
-        timeout=600,
+        # seconds a cell may run: nbval's default, so a hang here is a hang under pytest too. The
+        # longest cell (06's 300 training steps) took 146 s beside two CPU-bound processes.
+        timeout=2000,
         kernel_name="python3",
         record_timing=False,
         resources={"metadata": {"path": str(notebook.parent)}},
