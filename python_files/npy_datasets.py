@@ -393,12 +393,14 @@ def _memmap(file: TokenFile) -> np.memmap:
 def _descriptors() -> tuple[int | None, int]:
     try:
         import resource  # Unix only
-
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        in_use = len(os.listdir("/dev/fd"))  # Linux and macOS
-    except (ImportError, OSError):
+    except ImportError:
         return None, 0
-    return (None if limit == resource.RLIM_INFINITY else limit), in_use
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = None if limit == resource.RLIM_INFINITY else limit
+    try:
+        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
+    except OSError:  # listing them takes one: none is left
+        return limit, limit or 0
 
 
 def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
@@ -556,6 +558,7 @@ class NpyTokensDataset:
             limit, in_use = _descriptors()  # keep half of those free after DataLoader's own
             free = MAX_OPEN_FILES if limit is None else (limit - in_use - LOADER_DESCRIPTORS) // 2
             self._max_maps = max(1, min(MAX_OPEN_FILES, free))
+            _check_worker_descriptors(limit, in_use)
         windows = self._maps.pop(f, None)  # put back last: the most recently used goes last
         while windows is None and len(self._maps) >= self._max_maps:
             del self._maps[next(iter(self._maps))]  # the least recently used map, and its file
@@ -566,6 +569,18 @@ class NpyTokensDataset:
             windows = np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
         self._maps[f] = windows
         return windows
+
+
+def _check_worker_descriptors(limit: int | None, in_use: int) -> None:
+    """A DataLoader worker with fewer than LOADER_DESCRIPTORS free cannot hand a batch over: it
+    would lose it and the loader wait for ever (descriptors were opened after make_dataloaders)."""
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is not None and limit is not None and limit - in_use < LOADER_DESCRIPTORS:
+        state = f"a DataLoader worker has {limit - in_use} of {limit} descriptors free"
+        raise TokenFileError(
+            f"{state}, fewer than {LOADER_DESCRIPTORS}: raise the limit (ulimit -n)"
+        )
 
 
 def _expand_paths(path: Any) -> list[str]:

@@ -303,14 +303,7 @@ except Exception as error:
 @pytest.mark.parametrize(
     "left",
     [
-        pytest.param(
-            0,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="module: _descriptors() lists /dev/fd, which needs a descriptor, and on "
-                "failing returns (None, 0) for the limit too: the message says 'the limit is None'",
-            ),
-        ),
+        0,
         1,
     ],
 )

@@ -564,23 +564,8 @@ BUDGETS = [
     (96, 50, 2, 2, 0),
     (128, 80, 2, 2, 0),
     (160, 100, 2, 2, 0),
-    *(
-        pytest.param(
-            128,
-            40,
-            2,
-            2,
-            later,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="module: descriptors taken after make_dataloaders: with 70 more, torch's "
-                "'Communication with the workers is no longer possible' names no limit; with 73, "
-                "workers forked with about 5 free map one file each (the cap's floor) and hang "
-                "handing batches over (see the report of issue 26)",
-            ),
-        )
-        for later in (70, 73)
-    ),
+    (128, 40, 2, 2, 70),  # descriptors taken after make_dataloaders
+    (128, 40, 2, 2, 73),
 ]
 # Measured once on a quiet run: 4 to 7 s from the start to the loader made (torch's import and
 # 300 shards opened), then 0.7 s at most to any next batch. A hang shows as no line at all.
