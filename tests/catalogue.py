@@ -42,6 +42,8 @@ PREP_OUTPUTS = "test_prep_outputs.py::"
 RERUNS = "test_prep_reruns.py::"
 FAULTS = "test_faults.py::"
 STYLE = "test_style.py::"
+WRITER = "test_write_tokens.py::"
+VERIFY = "test_prep_verify.py::"
 
 
 @dataclass(frozen=True)
@@ -434,8 +436,7 @@ CATALOGUE = [
         PREP_FILES + "test_a_json_file_with_an_int_among_strings_names_the_file_and_row",
         PREP_FILES + "test_a_csv_column_of_digits_is_text_and_errors_name_file_and_line",
         PREP_FILES + "test_the_prep_steps_own_outputs_in_an_input_folder_are_skipped",
-        TOKENIZE
-        + "test_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it",
+        TOKENIZE + "test_an_encoding_that_must_be_downloaded_offline_says_how_to_provide_it",
         PREP_OUTPUTS + "test_an_up_to_date_rerun_into_a_read_only_folder_writes_nothing",
     ),
     Item(88, "prep", "shard sizes that divide the token count; a sharded split's totals").tried_by(
@@ -483,5 +484,73 @@ CATALOGUE = [
         "epoch 0 from its first batch, as DataLoader with DistributedSampler does, unless "
         "DataLoader workers fetched the whole epoch (num_workers * prefetch_factor batches or "
         "fewer): then the loop gets epoch 1, and set_epoch(0) picks epoch 0",
+    ),
+    # --- issues 25 to 28: one writer, epochs that count, descriptors, your own text ---
+    Item(
+        99,
+        "workers",
+        "a loop that takes exactly len(loader) batches: zip, islice, a last-step break",
+    ).tried_by(
+        SAMPLER + "test_a_loop_that_takes_exactly_len_batches_moves_on_to_the_next_epoch",
+        SAMPLER + "test_a_loop_that_calls_set_epoch_gets_its_epochs_whatever_workers_fetched",
+        RESUME + "test_a_state_saved_at_a_break_is_exact_whatever_workers_fetched",
+        differs="a pass moves on when the one before handed out all its batches; with workers "
+        "that includes a break in an epoch's last num_workers * prefetch_factor batches, so the "
+        "README's loop calls set_epoch(epoch) and saves state_dict(consumed=step), both exact",
+    ),
+    Item(100, "params", "set_epoch called while a pass is running").tried_by(
+        SAMPLER + "test_set_epoch_during_a_pass_chooses_the_pass_after_it"
+    ),
+    Item(
+        101, "workers", "descriptors taken after make_dataloaders; budgets the check passes"
+    ).tried_by(
+        FAULTS + "test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit",
+        FILES + "test_running_out_of_descriptors_while_mapping_names_the_limit_and_ulimit",
+    ),
+    Item(102, "workers", "a GPU machine with a low open-file limit: pinning starts CUDA").tried_by(
+        FAULTS + "test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out"
+    ),
+    Item(
+        103,
+        "disk",
+        "a writer refusal after the old file exists: Fortran order, a non-JSON field, a folder",
+    ).tried_by(
+        WRITER + "test_fortran_ordered_and_transposed_ids_are_written_in_c_order",
+        WRITER + "test_a_refused_write_leaves_the_old_file_and_sidecar_as_they_were",
+        WRITER + "test_a_refused_argument_leaves_the_old_file_and_sidecar_as_they_were",
+        WRITER + "test_a_folder_at_the_path_is_refused_and_left_alone",
+        WRITER + "test_the_fields_write_tokens_sets_are_the_ones_it_refuses_from_the_caller",
+    ),
+    Item(
+        104, "prep", "a live write_tokens in a prep output folder; a lock file that cannot lock"
+    ).tried_by(
+        RERUNS + "test_a_prep_run_leaves_a_live_write_tokens_temp_file_alone",
+        RERUNS + "test_a_lock_file_that_cannot_lock_is_an_error_naming_it",
+    ),
+    Item(105, "prep", "a dictionary-encoded (categorical) parquet text column").tried_by(
+        PREP_FILES + "test_a_categorical_parquet_text_column_is_read_as_text"
+    ),
+    Item(
+        106, "prep", "stories separated by blank lines; a validation split too small to use"
+    ).tried_by(
+        PREP_FILES + "test_separator_reads_each_form_of_a_txt_and_is_a_setting",
+        PREP_FILES + "test_a_txt_of_a_document_a_line_with_a_few_empty_lines_gets_no_note",
+        PREP_INPUTS + "test_the_progress_bar_ends_at_its_total_with_empty_documents_among_them",
+        PREP_INPUTS
+        + "test_a_validation_split_too_small_for_ten_windows_is_a_warning_naming_val_fraction",
+    ),
+    Item(
+        107, "file", "an old file audited in full: fields, sha256, ids, shard sets, a file twice"
+    ).tried_by(
+        VERIFY + "test_each_field_of_the_wrong_json_type_fails",
+        VERIFY + "test_damage_past_the_probe_fails_the_sha256",
+        VERIFY + "test_an_id_outside_the_vocabulary_fails_the_scan",
+        VERIFY + "test_a_shard_set_with_shards_missing_fails_each_of_its_files",
+        VERIFY + "test_a_file_given_twice_fails_the_second_time",
+        differs="the loader checks only what it uses and what can change after writing (size, "
+        "probe, dtype, shape, version, tokenizer); prepare_tokens.py --verify makes the deep checks",
+    ),
+    Item(108, "dtype", "a sidecar's max_token_id from the largest id, not the last").tried_by(
+        RERUNS + "test_max_token_id_is_the_largest_id_of_every_chunk_not_the_first"
     ),
 ]
