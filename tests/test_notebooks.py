@@ -21,7 +21,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 PREP_PARTS = ("prep_settings", "prep_sources", "prep_files", "prep_tokenize", "prep_outputs")
 MODULES = {  # where the definitions a notebook may teach live; prepare_tokens imports the prep_*
     name: ROOT / "python_files" / f"{name}.py"
-    for name in ("npy_datasets", "prepare_tokens", *PREP_PARTS)
+    for name in ("npy_datasets", "prepare_tokens", *PREP_PARTS, "train_tiny")  # 06 teaches the last
 }
 PUBLIC_MODULES = ("npy_datasets", "prepare_tokens")  # their __all__ is what the notebooks cover
 

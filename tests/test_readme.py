@@ -1,10 +1,16 @@
-"""The README's "Use the module in your project" snippet runs as written, in a fresh process."""
+"""The README's code runs as written: "Use the module in your project" in a fresh process, and the
+Resume section's loop stopped part of the way and restarted."""
 
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+import torch
+
+import npy_datasets as nd
 from conftest import ROOT
 
 
@@ -38,3 +44,87 @@ def test_the_use_the_module_snippet_runs_as_written(tmp_path):
         "train.npy",
         "val.bin",
     }  # it writes only its own files
+
+
+# --- the Resume section's loop --------------------------------------------------------------------
+
+EPOCHS, CHECKPOINT_EVERY = 3, 5  # the sample's 1,336 windows of 256 make 20 batches of 64 an epoch
+
+
+class Crash(Exception):
+    """How the stand-in model stops a run part of the way, as a killed process stops."""
+
+
+class BatchRecorder(torch.nn.Module):
+    """A stand-in for a GPT: model(x, y) is a loss of its one weight and the batch; it records each
+    batch's first ids, and raises Crash instead of training on its call number crash_at."""
+
+    def __init__(self, crash_at: int | None = None) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(()))
+        self.batches: list[list[int]] = []
+        self.crash_at = crash_at
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if len(self.batches) + 1 == self.crash_at:
+            raise Crash
+        self.batches.append(x[:, 0].tolist())
+        return (self.weight - y.double().mean() / 50257) ** 2
+
+
+@pytest.fixture(scope="module")
+def sample_train(pt) -> Path:
+    """The quick start's training file of the bundled sample (made if missing)."""
+    out = ROOT / "data" / "tinystories_sample"
+    pt.prepare(out=out, progress=False)
+    return out / "train.npy"
+
+
+def run_resume_block(sample_train: Path, crash_at: int | None = None, workers: int = 0) -> dict:
+    """The README's Resume block as written, in the current folder, with a fresh model, optimizer
+    and loader, as a new process would start: the names it leaves when it ends or crashes."""
+    train = nd.NpyTokensDataset(sample_train, seq_len=256)
+    train_loader, _ = nd.make_dataloaders(train, batch_size=64, seed=0, num_workers=workers)
+    assert len(train_loader) == 20  # so the checkpoint at step 20 falls on epoch 0's last batch
+    model = BatchRecorder(crash_at)
+    names = {
+        "model": model,
+        "optimizer": torch.optim.Adam(model.parameters(), lr=0.01),  # its state matters: moments
+        "train_loader": train_loader,
+        "epochs": EPOCHS,
+        "checkpoint_every": CHECKPOINT_EVERY,
+        "device": "cpu",
+    }
+    try:
+        exec(readme_snippet("Resume"), names)
+    except Crash:
+        pass
+    return names
+
+
+@pytest.mark.parametrize(
+    "crash_at, workers",
+    [(23, 0), (34, 0), (58, 0), (34, 2)],
+    ids=["crash at step 23", "crash at step 34", "crash at step 58", "2 workers, crash at 34"],
+)
+def test_the_resume_loop_restarts_into_the_same_run(
+    sample_train, tmp_path, monkeypatch, crash_at, workers
+):
+    """Checkpoints at steps 20 (epoch 0's last batch: the state says epoch 1), 30 (the middle of
+    epoch 1) and 55 (epoch 2): stopped after it, restarted, the run ends as an unbroken one does.
+    With workers, which fetch ahead of the loop, `consumed` makes the difference."""
+    (tmp_path / "unbroken").mkdir()
+    monkeypatch.chdir(tmp_path / "unbroken")  # its checkpoints apart from the stopped run's
+    whole = run_resume_block(sample_train)
+    monkeypatch.chdir(tmp_path)
+    stopped = run_resume_block(sample_train, crash_at, workers)
+    saved = (crash_at - 1) // CHECKPOINT_EVERY * CHECKPOINT_EVERY  # the last checkpoint's step
+    assert torch.load("ckpt.pt", weights_only=True)["step"] == saved
+    restarted = run_resume_block(sample_train, workers=workers)
+
+    steps = EPOCHS * 20
+    assert whole["step"] == restarted["step"] == steps  # not more: no epoch run again
+    assert len(whole["model"].batches) == steps
+    assert stopped["model"].batches == whole["model"].batches[: crash_at - 1]
+    assert restarted["model"].batches == whole["model"].batches[saved:]
+    assert torch.equal(restarted["model"].weight, whole["model"].weight)  # optimizer loaded too
