@@ -7,6 +7,7 @@ items 30, 60, 61, 66, 68, 83, 84 and 88 (tests/bad_inputs.md).
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -435,7 +436,8 @@ def test_a_live_run_that_this_run_cannot_see_keeps_its_temp_files(tmp_path, caps
         text=True,
     )
     try:
-        assert holder.stdout.readline() == "locked\n"
+        started = select.select([holder.stdout], [], [], 60)[0]  # it prints at once: 60 s is a hang
+        assert started and holder.stdout.readline() == "locked\n", "the lock holder did not start"
         outcome = {}
         run = threading.Thread(target=lambda: outcome.update(prepare(data, out)), daemon=True)
         run.start()
