@@ -169,7 +169,9 @@ def load_checkpoint(
     path: Path, model: TinyGPT, opt: torch.optim.Optimizer, loader: DataLoader
 ) -> int:
     """Load a save_checkpoint() file into a model, its optimizer and its loader; its step."""
-    saved = torch.load(path, weights_only=True)  # tensors, numbers, strings: no pickled code runs
+    # weights_only: tensors, numbers, strings, lists and dicts; no pickled code runs. map_location:
+    # a GPU's checkpoint loads on a CPU too (load_state_dict copies to where the model is)
+    saved = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(saved["model"])
     opt.load_state_dict(saved["optimizer"])
     loader.sampler.load_state_dict(saved["sampler"])
@@ -260,13 +262,12 @@ def main(argv: list[str] | None = None) -> None:
     for done in train(model, opt, train_loader, args.steps, step):
         since_log.append(done)
         if done.number % args.log_every == 0 or done.number == args.steps:
-            line = (
-                f"step {done.number}: loss {done.loss:.4f}, perplexity {math.exp(done.loss):,.1f}"
-            )
             seconds = sum(s.seconds for s in since_log)
-            wait = sum(s.wait for s in since_log) / seconds
             ms = seconds / len(since_log) * 1000
-            print(f"{line} ({ms:.1f} ms a step, {wait:.1%} of it waiting for data)", flush=True)
+            waiting = sum(s.wait for s in since_log) / seconds
+            loss = f"loss {done.loss:.4f}, perplexity {math.exp(done.loss):,.1f}"
+            timing = f"{ms:.1f} ms a step, {waiting:.1%} of it waiting for data"
+            print(f"step {done.number}: {loss} ({timing})", flush=True)
             since_log = []
         if done.number % args.eval_every == 0 or done.number == args.steps:
             val = evaluate(model, val_loader, args.eval_batches)

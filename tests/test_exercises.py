@@ -161,15 +161,19 @@ print("real hash, epoch 1's windows 0-3 == epoch 0's 1-4:", hashed[1][:4] == has
     ("test_the_dataloader", 1): Answer(
         """
 delays = [0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02]  # seconds per batch; 20 ms: section 6
-rates = {delay: compare_workers(delay) for delay in delays}
-pays = [rates[delay][2] > rates[delay][0] for delay in delays]
-assert not pays[0] and pays[-1]  # no delay: workers cost more; 20 ms: they pay (section 6)
-k = len(pays) - pays[::-1].index(False)  # the first delay from which they pay at every one tried
-print(f"two workers pay from {delays[k] * 1000:g} ms per batch on, on this machine;", end=" ")
-print(f"at {delays[k - 1] * 1000:g} ms and below, no workers are as fast or faster")
+rates = [compare_workers(delay) for delay in delays]
+pays = [r[2] > r[0] for r in rates]  # 2 workers faster than none
+k = next(k for k in range(len(delays) + 1) if all(pays[k:]))  # they pay from delays[k] on
+if k == len(delays):  # rates, not a rule: a busy machine can slow the workers at every delay
+    print(f"two workers paid at none of the delays tried, up to {delays[-1] * 1000:g} ms")
+elif k == 0:
+    print("two workers paid at every one of the delays tried, even with no delay")
+else:
+    print(f"two workers pay from {delays[k] * 1000:g} ms per batch on, on this machine;", end=" ")
+    print(f"at {delays[k - 1] * 1000:g} ms and below, no workers are as fast or faster")
 """,
-        r"^two workers pay from [\d.]+ ms per batch on, on this machine; at [\d.]+ ms and below, "
-        r"no workers are as fast or faster$",
+        r"^(two workers pay from [\d.]+ ms per batch on, on this machine; at [\d.]+ ms and below, "
+        r"no workers are as fast or faster|two workers paid at (none|every one) of the delays tried.*)$",
     ),
     ("test_the_dataloader", 2): Answer(
         """
