@@ -229,7 +229,7 @@ CATALOGUE = [
         LOADERS + "test_worker_count_and_start_method_do_not_change_batches"
     ),
     Item(41, "workers", "small pickle for spawn").tried_by(
-        FILES + "test_pickles_small_without_the_data"
+        FILES + "test_pickles_small_without_the_data_and_workers_give_the_same_batches"
     ),
     Item(42, "workers", "persistent workers over several epochs").tried_by(
         LOADERS + "test_worker_count_and_start_method_do_not_change_batches"

@@ -282,20 +282,17 @@ def test_samples_read_one_by_one_are_the_items(arange_file):
         assert torch.equal(x, ds[i][0]) and torch.equal(y, ds[i][1]) and x.shape == (31,)
 
 
-def test_plain_dataloader_uses_the_batched_path_and_matches(arange_file):
-    ds = nd.NpyTokensDataset(arange_file(3000, dtype=np.uint16), 31)
-    x, y = next(iter(DataLoader(ds, batch_size=5)))
-    assert x[:, 0].tolist() == [0, 31, 62, 93, 124]
-    assert torch.equal(y[:, :-1], x[:, 1:])
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_plain_dataloader_batches_equal_the_item_path(arange_file, workers):
-    ds = nd.NpyTokensDataset(
-        arange_file(3000, dtype=np.uint16), 31, mode="random", num_samples=40, seed=2
-    )
+    path = arange_file(3000, dtype=np.uint16)
+    timeout = WORKER_TIMEOUT if workers else 0
+    in_order = nd.NpyTokensDataset(path, 31)
+    x, y = next(iter(DataLoader(in_order, batch_size=5, num_workers=workers, timeout=timeout)))
+    assert x[:, 0].tolist() == [0, 31, 62, 93, 124]
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    ds = nd.NpyTokensDataset(path, 31, mode="random", num_samples=40, seed=2)
     plain = list(
-        DataLoader(ds, batch_size=8, num_workers=workers, timeout=WORKER_TIMEOUT if workers else 0)
+        DataLoader(ds, batch_size=8, num_workers=workers, timeout=timeout)
     )  # default_collate, as copied code writes it
     per_item = [
         torch.utils.data.default_collate([ds[i] for i in range(k, k + 8)]) for k in range(0, 40, 8)

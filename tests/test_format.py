@@ -382,9 +382,7 @@ def test_module_needs_only_numpy_torch_and_the_standard_library():
         if isinstance(n, ast.ImportFrom) and n.level == 0
     }
     assert roots - set(sys.stdlib_module_names) == {"numpy", "torch"}
-
-
-def test_module_imports_in_a_fresh_interpreter_without_the_prep_packages():
+    # and it imports in a fresh interpreter where the prep step's packages cannot be imported
     code = "import sys; sys.modules.update(tiktoken=None, datasets=None, tqdm=None); import npy_datasets; print('ok')"
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -41,6 +41,9 @@ def test_make_dataloaders(arange_file):
         nd.make_dataloaders(train, val, batch_size=100)  # training would be silently empty
     with pytest.raises(TypeError, match=r"\btrain\b.*\blist\b"):  # names the argument, the type
         nd.make_dataloaders([1, 2, 3], val, batch_size=4)
+    train_loader, val_loader = nd.make_dataloaders(train, batch_size=4)  # no validation set
+    assert val_loader is None and len(train_loader) == len(train) // 4
+    assert [x.shape for x, _ in itertools.islice(train_loader, 2)] == [(4, 10), (4, 10)]
 
 
 def test_to_device_on_cpu():
@@ -329,13 +332,6 @@ def test_ddp_example_uses_nccl_only_with_a_gpu_per_local_rank(local_ranks, gpus,
     assert (
         ddp_example.choose_backend(local_ranks, gpus) == backend
     )  # a one-GPU machine with 2 ranks: gloo
-
-
-def test_make_dataloaders_without_validation_returns_none(arange_file):
-    train = nd.NpyTokensDataset(arange_file(1000), 10)
-    train_loader, val_loader = nd.make_dataloaders(train, batch_size=4)
-    assert val_loader is None and len(train_loader) == len(train) // 4
-    assert [x.shape for x, _ in itertools.islice(train_loader, 2)] == [(4, 10), (4, 10)]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

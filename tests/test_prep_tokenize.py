@@ -309,18 +309,6 @@ def test_tampered_tokenizer_file_is_refused(tmp_path):
         pt.gpt2_encoding(bad)
 
 
-def test_importing_prepare_tokens_does_not_import_torch():
-    code = "import sys, prepare_tokens; print(sorted(m for m in ('torch', 'npy_datasets') if m in sys.modules))"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT / "python_files",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.stdout.strip() == "['npy_datasets']", out.stderr
-
-
 # --- vocabularies -------------------------------------------------------------------------------
 
 
