@@ -202,14 +202,10 @@ def _write_ids(
     f.seek(0)
     sha256 = hashlib.file_digest(f, "sha256").hexdigest()
     f.seek(0)
+    probe = _probe(f, f.read(PROBE_BYTES), size)
     about = {"format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name}
     about |= {"layout": layout, "dtype": dtype.name, "shape": list(shape), "n_tokens": count}
-    about |= {
-        "file_size": size,
-        "sha256": sha256,
-        "probe_sha256": _probe(f, f.read(PROBE_BYTES), size),
-    }
-    return about | {"max_token_id": top}
+    return about | {"file_size": size, "sha256": sha256, "probe_sha256": probe, "max_token_id": top}
 
 
 def _checked_ids(

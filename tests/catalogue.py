@@ -44,6 +44,7 @@ FAULTS = "test_faults.py::"
 STYLE = "test_style.py::"
 WRITER = "test_write_tokens.py::"
 VERIFY = "test_prep_verify.py::"
+DESCRIPTORS = "test_descriptors.py::"
 
 
 @dataclass(frozen=True)
@@ -447,8 +448,8 @@ CATALOGUE = [
     Item(89, "workers", "DataLoader workers under a low open-file limit (a hang)").tried_by(
         FILES + "test_workers_under_a_low_open_file_limit_are_refused_at_once_naming_it",
         LOADERS + "test_the_descriptor_check_counts_the_batches_each_worker_prefetches",
-        FAULTS + "test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit",
-        FAULTS + "test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out",
+        DESCRIPTORS + "test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit",
+        DESCRIPTORS + "test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out",
     ),
     Item(90, "file", "llm.c shard whose unused header words are not zero").tried_by(
         FORMAT + "test_an_llmc_header_with_other_words_set_is_read_by_its_magic_and_version"
@@ -504,11 +505,11 @@ CATALOGUE = [
     Item(
         101, "workers", "descriptors taken after make_dataloaders; budgets the check passes"
     ).tried_by(
-        FAULTS + "test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit",
+        DESCRIPTORS + "test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit",
         FILES + "test_running_out_of_descriptors_while_mapping_names_the_limit_and_ulimit",
     ),
     Item(102, "workers", "a GPU machine with a low open-file limit: pinning starts CUDA").tried_by(
-        FAULTS + "test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out"
+        DESCRIPTORS + "test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out"
     ),
     Item(
         103,
