@@ -45,6 +45,7 @@ STYLE = "test_style.py::"
 WRITER = "test_write_tokens.py::"
 VERIFY = "test_prep_verify.py::"
 DESCRIPTORS = "test_descriptors.py::"
+SMALL_INPUTS = "test_prep_small_inputs.py::"
 
 
 @dataclass(frozen=True)
@@ -424,7 +425,7 @@ CATALOGUE = [
     Item(85, "prep", "a byte order mark, empty and whitespace-only documents").tried_by(
         PREP_FILES + "test_txt_bom_and_empty_documents_are_skipped_and_counted",
         TOKENIZE + "test_a_byte_order_mark_is_dropped_at_the_start_of_each_document_and_only_there",
-        PREP_INPUTS + "test_an_input_of_empty_documents_is_one_line_naming_it_and_the_counts",
+        SMALL_INPUTS + "test_an_input_of_empty_documents_is_one_line_naming_it_and_the_counts",
         differs="an empty document is skipped and counted (source.n_empty_docs_skipped), not "
         "written as a lone end-of-text token as nanoGPT's prepare.py writes it",
     ),
@@ -536,8 +537,8 @@ CATALOGUE = [
     ).tried_by(
         PREP_FILES + "test_separator_reads_each_form_of_a_txt_and_is_a_setting",
         PREP_FILES + "test_a_txt_of_a_document_a_line_with_a_few_empty_lines_gets_no_note",
-        PREP_INPUTS + "test_the_progress_bar_ends_at_its_total_with_empty_documents_among_them",
-        PREP_INPUTS
+        SMALL_INPUTS + "test_the_progress_bar_ends_at_its_total_with_empty_documents_among_them",
+        SMALL_INPUTS
         + "test_a_validation_split_too_small_for_ten_windows_is_a_warning_naming_val_fraction",
     ),
     Item(
