@@ -60,8 +60,8 @@ LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}  # GPT-2 id
 LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # llm.c's model, state, ... files
 PROBE_BYTES = 1 << 16  # every open hashes a file's first and last 64 KiB: a swap shows, cheaply
 MAX_OPEN_FILES = 1024  # files one process keeps mapped at most (each map holds a descriptor)
-# DataLoader workers need 16 free descriptors, and 4 for each batch in flight (x and y, doubled):
-# 2 workers with prefetch_factor 2 hung under 24 free: 16, and 2 a batch in flight, doubled.
+# Descriptors DataLoader workers need free: 2 workers with prefetch_factor 2 hung under 24 free,
+# that is 16 for the loader and 2 (x and y) for each batch in flight; 4 a batch doubles that.
 LOADER_DESCRIPTORS = 16
 BATCH_DESCRIPTORS = 4
 # The sidecar fields write_tokens measures or takes as arguments: **fields cannot set them.
