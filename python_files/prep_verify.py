@@ -35,9 +35,13 @@ SIDECAR_FIELDS = {  # every sidecar's fields, and their JSON types
     "n_vocab": int,
     "eot_id": int,
     "max_token_id": int,
-    "eot_placement": str,
 }
-OPTIONAL_FIELDS = {"probe_sha256": str, "settings_fingerprint": str, "shard": dict}
+OPTIONAL_FIELDS = {  # the prep step writes these; write_tokens, only when it is given them
+    "eot_placement": str,
+    "probe_sha256": str,
+    "settings_fingerprint": str,
+    "shard": dict,
+}
 JSON_TYPES = {str: "string", int: "integer", list: "array", dict: "object"}
 SHOWN = 10  # missing shard indices a line lists, at most
 

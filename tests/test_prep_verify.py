@@ -82,6 +82,12 @@ def test_a_prep_runs_files_pass_every_check_with_exit_status_0(tmp_path):
     assert proc.stdout.splitlines() == [f"{path}: OK" for path in (*shards, one)]
 
 
+def test_a_file_write_tokens_wrote_with_only_its_arguments_passes(tmp_path, capsys):
+    path = token_file(tmp_path)  # no eot_placement, n_docs or settings: what a user's loop writes
+    assert "eot_placement" not in nd.read_sidecar(path)
+    assert verify(capsys, path) == (0, [f"{path}: OK"])
+
+
 def test_verify_writes_nothing_and_takes_no_other_option(tmp_path, capsys):
     path = token_file(tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
