@@ -240,25 +240,37 @@ def write_files(
     """The ids of chunks as output's one file, or as shards of shard_tokens ids each (the last:
     the rest, never empty), each written by write_tokens into staging. Return their sidecars,
     each with the documents that start in its file (n_docs)."""
-    settings = output.settings
     size = output.shard_tokens or 2**63  # one file: a single shard that never fills
     metas = []
     for index, pieces in groupby(_cut_into_shards(chunks, size), key=attrgetter("shard")):
         before = count.n_docs
-        meta = write_tokens(
-            staging / output.file_name(index),
-            count.passing(piece.ids for piece in pieces),
-            n_vocab=settings["n_vocab"],
-            tokenizer=settings["tokenizer"],
-            eot_id=settings["eot_id"],
-            dtype=output.dtype,
-            header=HEADERS[output.layout],
-            eot_placement=settings["eot_placement"],
-            settings_fingerprint=output.fingerprint,
-            created_by=CREATED_BY,
-        )
+        name = output.file_name(index)
+        try:
+            meta = _write_staged(staging / name, output, count, pieces)
+        except OSError as error:  # a full disk: name the file being made, not its staging copy
+            where = str(output.folder / name)
+            raise OSError(error.errno, f"{error.strerror} while writing", where) from error
         metas.append({**meta, "n_docs": count.n_docs - before})
     return metas
+
+
+def _write_staged(
+    path: Path, output: SplitOutput, count: DocumentCount, pieces: Iterable[ShardPiece]
+) -> dict[str, Any]:
+    """One token file of output written by write_tokens into its staging folder."""
+    settings = output.settings
+    return write_tokens(
+        path,
+        count.passing(piece.ids for piece in pieces),
+        n_vocab=settings["n_vocab"],
+        tokenizer=settings["tokenizer"],
+        eot_id=settings["eot_id"],
+        dtype=output.dtype,
+        header=HEADERS[output.layout],
+        eot_placement=settings["eot_placement"],
+        settings_fingerprint=output.fingerprint,
+        created_by=CREATED_BY,
+    )
 
 
 def _cut_into_shards(chunks: Iterable[np.ndarray], shard_tokens: int) -> Iterator[ShardPiece]:
