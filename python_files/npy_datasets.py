@@ -567,6 +567,16 @@ class NpyTokensDataset:
         return windows
 
 
+def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
+    other = next((f for f in files if f.dtype != files[0].dtype), None)
+    if other is not None:
+        both = f"{other.path!r} holds {other.dtype.name}, {files[0].path!r} {files[0].dtype.name}"
+        raise TokenFileError(f"{both}: a dataset has one dtype")
+    named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
+    if len(named) > 1:
+        raise TokenFileError(f"files of one dataset need one tokenizer; these differ: {named}")
+
+
 def _check_worker_descriptors(limit: int | None, in_use: int) -> None:
     """A DataLoader worker with fewer than LOADER_DESCRIPTORS free cannot hand a batch over: it
     would lose it and the loader wait for ever (descriptors were opened after make_dataloaders)."""
@@ -591,16 +601,6 @@ def _expand_paths(path: Any) -> list[str]:
     if not found:
         raise FileNotFoundError(f"no token file matches {text!r} (sidecars, *.json, are skipped)")
     return found
-
-
-def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
-    other = next((f for f in files if f.dtype != files[0].dtype), None)
-    if other is not None:
-        both = f"{other.path!r} holds {other.dtype.name}, {files[0].path!r} {files[0].dtype.name}"
-        raise TokenFileError(f"{both}: a dataset has one dtype")
-    named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
-    if len(named) > 1:
-        raise TokenFileError(f"files of one dataset need one tokenizer; these differ: {named}")
 
 
 def _splitmix64(x: Any) -> Any:
