@@ -409,6 +409,30 @@ def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
 # ---- 2. The dataset: windows, and one batched gather -------------------------------------------
 
 
+def _expand_paths(path: Any) -> list[str]:
+    """One token file, a list of them, or a glob pattern ('data/train_*.npy', sorted by name)."""
+    files = path if isinstance(path, (list, tuple)) else [path]
+    if not files or not all(isinstance(p, (str, os.PathLike)) for p in files):
+        raise TypeError(f"path must be a file, a glob or a non-empty list of files: {path!r:.100}")
+    text = os.fspath(files[0])
+    if isinstance(path, (list, tuple)) or os.path.exists(text) or not set(text) & set("*?["):
+        return [os.fspath(p) for p in files]
+    found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))  # not the sidecars
+    if not found:
+        raise FileNotFoundError(f"no token file matches {text!r} (sidecars, *.json, are skipped)")
+    return found
+
+
+def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
+    other = next((f for f in files if f.dtype != files[0].dtype), None)
+    if other is not None:
+        both = f"{other.path!r} holds {other.dtype.name}, {files[0].path!r} {files[0].dtype.name}"
+        raise TokenFileError(f"{both}: a dataset has one dtype")
+    named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
+    if len(named) > 1:
+        raise TokenFileError(f"files of one dataset need one tokenizer; these differ: {named}")
+
+
 class NpyTokensDataset:
     """(x, y) next-token windows of token files: int64 tensors, y being x shifted by one token.
     ds[i] is window i, (seq_len,) each; ds[epoch, indices] a batch, gathered in one pass. Files (a
@@ -567,16 +591,6 @@ class NpyTokensDataset:
         return windows
 
 
-def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
-    other = next((f for f in files if f.dtype != files[0].dtype), None)
-    if other is not None:
-        both = f"{other.path!r} holds {other.dtype.name}, {files[0].path!r} {files[0].dtype.name}"
-        raise TokenFileError(f"{both}: a dataset has one dtype")
-    named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
-    if len(named) > 1:
-        raise TokenFileError(f"files of one dataset need one tokenizer; these differ: {named}")
-
-
 def _check_worker_descriptors(limit: int | None, in_use: int) -> None:
     """A DataLoader worker with fewer than LOADER_DESCRIPTORS free cannot hand a batch over: it
     would lose it and the loader wait for ever (descriptors were opened after make_dataloaders)."""
@@ -587,20 +601,6 @@ def _check_worker_descriptors(limit: int | None, in_use: int) -> None:
         raise TokenFileError(
             f"{state}, fewer than {LOADER_DESCRIPTORS}: raise the limit (ulimit -n)"
         )
-
-
-def _expand_paths(path: Any) -> list[str]:
-    """One token file, a list of them, or a glob pattern ('data/train_*.npy', sorted by name)."""
-    files = path if isinstance(path, (list, tuple)) else [path]
-    if not files or not all(isinstance(p, (str, os.PathLike)) for p in files):
-        raise TypeError(f"path must be a file, a glob or a non-empty list of files: {path!r:.100}")
-    text = os.fspath(files[0])
-    if isinstance(path, (list, tuple)) or os.path.exists(text) or not set(text) & set("*?["):
-        return [os.fspath(p) for p in files]
-    found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))  # not the sidecars
-    if not found:
-        raise FileNotFoundError(f"no token file matches {text!r} (sidecars, *.json, are skipped)")
-    return found
 
 
 def _splitmix64(x: Any) -> Any:
