@@ -70,14 +70,15 @@ def watched(cmd: list[str], stderr_file: Path) -> list[dict]:
     threading.Thread(target=read, daemon=True).start()
     seen = []
     while True:
+        waited = NO_PROGRESS_TIMEOUT if seen else STARTUP_TIMEOUT
         try:
-            line = lines.get(timeout=NO_PROGRESS_TIMEOUT if seen else STARTUP_TIMEOUT)
+            line = lines.get(timeout=waited)
         except queue.Empty:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             last = seen[-1] if seen else "nothing"
             tail = stderr_file.read_text()[-1500:]
-            pytest.fail(f"no batch and no error for {NO_PROGRESS_TIMEOUT} s after {last}:\n{tail}")
+            pytest.fail(f"no batch and no error for {waited} s after {last}:\n{tail}")
         if line is None:
             break
         seen.append(json.loads(line))
