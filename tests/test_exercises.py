@@ -123,7 +123,7 @@ except nd.TokenFileError as e:
     print("verify=True:", e)
 """,
         r"^verify=False opens it: 342147 tokens\n"
-        r"verify=True: 'data/notebook02/copy/train\.npy': its sha256 is not its sidecar's",
+        r"verify=True: 'data/notebook02/copy/train\.npy' is damaged: its sha256 is not its sidecar's",
     ),
     ("build_the_dataset", 1): Answer(
         """
