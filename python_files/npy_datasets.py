@@ -323,7 +323,7 @@ def _layout(
     magic = int.from_bytes(head[:4], "little")
     raw = meta.get("layout") == "bin"
     if not raw and (head.startswith(NPY_MAGIC) or path.endswith(".npy")):
-        return ("npy", *_npy_layout(path, head))
+        return ("npy", *_npy_layout(path, head, size))
     if not raw and magic in LLMC_OTHER_FILES:
         raise TokenFileError(f"{path!r} is an llm.c file, but not a token shard: magic {magic}")
     if not raw and magic in LLMC_VERSIONS:  # checked as llm.c checks it: magic, version, size
@@ -344,25 +344,41 @@ def _layout(
     return "bin", dtype, (size // dtype.itemsize,), 0
 
 
-def _npy_layout(path: str, head: bytes) -> tuple[np.dtype, tuple[int, ...], int]:
-    """What numpy reads of a .npy (never a pickle), checked as numpy does not: uint16 or uint32,
-    1-D or 2-D, C order, not empty."""
+def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int, ...], int]:
+    """A .npy header as numpy's own reader parses it (it never unpickles), then what numpy leaves
+    to us, checked before anything is mapped: uint16 or uint32, 1-D or 2-D, C order, whole."""
     if not head.startswith(NPY_MAGIC):
         found = "is cut short in" if NPY_MAGIC.startswith(head) else f"starts {head[:6]!r}, not"
         raise TokenFileError(f"{path!r} {found} the .npy magic (raw ids belong in a .bin)")
+    readers = {
+        (1, 0): np.lib.format.read_array_header_1_0,
+        (2, 0): np.lib.format.read_array_header_2_0,
+    }
     try:
-        array = np.load(path, mmap_mode="r")  # allow_pickle=False: numpy's default
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in readers:  # 3.0 holds utf-8 field names: never a token array
+                raise ValueError(f"format version {version}, where token files are 1.0 or 2.0")
+            shape, fortran, found = readers[version](f)
+            offset = f.tell()
     except Exception as error:  # numpy raises several kinds for a damaged header
         reason = str(error).split(".\n")[0].split(". ")[0]  # never numpy's allow_pickle advice
-        if "pickle" in reason:
-            reason = "it holds Python objects (a pickle), which are never loaded"
-        raise TokenFileError(f"{path!r} is not a .npy file numpy can map: {reason}") from None
-    dtype = _token_dtype(array.dtype, repr(path))
-    if not 1 <= array.ndim <= 2 or array.size == 0 or not array.flags.c_contiguous:
-        order = "C" if array.flags.c_contiguous else "Fortran"
-        valid = "token ids are 1-D or 2-D, in C order, not empty"
-        raise TokenFileError(f"{path!r} holds shape {array.shape} in {order} order: {valid}")
-    return dtype, array.shape, array.offset
+        raise TokenFileError(f"{path!r} has a .npy header numpy cannot read: {reason}") from None
+    dtype = _token_dtype(found, repr(path))  # before any map: a 0-byte dtype kills numpy's
+    if (
+        not 1 <= len(shape) <= 2
+        or min(shape) < 1
+        or (fortran and len(shape) == 2 and 1 not in shape)
+    ):
+        order = "Fortran" if fortran else "C"
+        valid = "token ids are 1-D or 2-D, in C order, each dimension at least 1"
+        raise TokenFileError(f"{path!r} holds shape {shape} in {order} order: {valid}")
+    needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
+    if needed > size:
+        raise TokenFileError(
+            f"{path!r} is cut short: its header needs {needed:,} bytes, it has {size:,}"
+        )
+    return dtype, shape, offset
 
 
 def _token_dtype(dtype: Any, where: str) -> np.dtype:
