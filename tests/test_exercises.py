@@ -254,7 +254,7 @@ np.save(fortran, np.asfortranarray(np.arange(20, dtype=np.uint16).reshape(4, 5))
 print(refusal(lambda: nd.open_tokens(fortran)))
 """,
         r"^TokenFileError: 'fortran\.npy' holds shape \(4, 5\) in Fortran order: token ids are 1-D or "
-        r"2-D, in C order, not empty$",
+        r"2-D, in C order, each dimension at least 1$",
     ),
     ("appendix_hardening", 2): Answer(
         """
