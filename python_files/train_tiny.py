@@ -72,7 +72,7 @@ class TinyGPT(nn.Module):
         self.register_buffer("causal", causal, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Scores (batch, t, N_VOCAB) of the next token, for ids x of shape (batch, t <= seq_len)."""
+        """Scores (batch, t, N_VOCAB) of the next token for ids x of shape (batch, t <= seq_len)."""
         t = x.shape[1]
         h = self.tokens(x) + self.positions.weight[:t]
         for block in self.blocks:
