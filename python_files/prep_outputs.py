@@ -37,6 +37,7 @@ from npy_datasets import (  # beside this file; importing it imports numpy only,
     TokenFileError,
     open_tokens,
     read_sidecar,
+    sidecar_path,
     write_tokens,
 )
 from prep_settings import check_prep_arguments
@@ -61,11 +62,6 @@ def token_dtype(n_vocab: int) -> np.dtype:
     """The smallest unsigned dtype that holds every id of a vocabulary of n_vocab tokens."""
     check_prep_arguments(n_vocab=n_vocab)
     return np.dtype("<u2" if n_vocab <= 2**16 else "<u4")  # GPT-2's largest id, 50256, fits uint16
-
-
-def sidecar_path(path: str | os.PathLike) -> Path:
-    """Where write_tokens puts a token file's sidecar: the file's name with '.json' appended."""
-    return Path(path).with_name(Path(path).name + ".json")
 
 
 def llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
