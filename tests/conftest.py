@@ -52,7 +52,7 @@ def pytest_configure(config):
 # would print "waiting for another prep run" into a notebook's output), and notebook 06 and its
 # exercises write data/checkpoints. (xdist's own --dist loadgroup would do this with marks, but
 # with pytest 9.2 it drops them silently: pytest-xdist issue 1386.)
-USES_REPO_DATA = {"tests/test_exercises.py", "tests/test_readme.py", "tests/test_train_tiny.py"}
+USES_REPO_DATA = {"tests/test_readme.py", "tests/test_train_tiny.py"}
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent with -p no:xdist
