@@ -25,6 +25,12 @@ sys.path.insert(0, str(ROOT / "python_files"))
 sys.path.insert(0, str(ROOT / "tools"))  # code_hazards, the linter test_style.py runs
 # The committed GPT-2 files, so tiktoken.get_encoding("gpt2") never needs the network here.
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT / "materials" / "tiktoken_cache"))
+# pytest-xdist runs one worker a core (pytest.ini: -n auto). Each worker's torch, and the notebook
+# kernels and processes it starts, use that worker's share of the cores: two workers each running
+# torch's default of a thread a core made notebook 06's training 4 times slower. -n 0 changes nothing.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
 
 # Timeouts catch hangs, not slowness: each is at least 10 times the quiet time of what it guards.
 # Measured on the 2-core machine: a run_process call (torchrun with two ranks, a resume or train_tiny

@@ -61,7 +61,9 @@ def _collected(*args: str) -> list[str]:
 
 def test_a_notebooks_answers_follow_its_last_cell_and_need_all_of_them():
     notebook = "notebooks/03_build_the_dataset.ipynb"
-    cells = sum(c["cell_type"] == "code" for c in json.loads((ROOT / notebook).read_text())["cells"])
+    cells = sum(
+        c["cell_type"] == "code" for c in json.loads((ROOT / notebook).read_text())["cells"]
+    )
     whole = _collected(notebook)
     assert whole == [f"{notebook}::Cell {i}" for i in range(cells)] + [
         f"{notebook}::Exercise {n}" for n in (1, 2, 3)
