@@ -52,15 +52,11 @@ def pytest_configure(config):
 
 # pytest.ini runs the tests on pytest-xdist workers, one a core, a test file to a worker (-n auto
 # --dist loadfile): a file's module fixtures run once, a notebook's cells in order in one kernel.
-# The notebooks and the test files in USES_REPO_DATA share the repository's data/ folder, so they
-# go to one worker together, one after another in the order collected: notebook 02 rewrites
-# data/tinystories_sample, which the others read (a prep run that found another writing there
-# would print "waiting for another prep run" into a notebook's output), and notebook 06 and its
-# exercises write data/checkpoints. (xdist's own --dist loadgroup would do this with marks, but
-# with pytest 9.2 it drops them silently: pytest-xdist issue 1386.)
-USES_REPO_DATA = {"tests/test_readme.py", "tests/test_train_tiny.py"}
-
-
+# The notebooks share the repository's data/ folder, so they go to one worker together, one after
+# another in order: notebook 02 rewrites data/tinystories_sample, which notebooks 04 to 06 read (a
+# prep run that found another writing there would print "waiting for another prep run" into a
+# notebook's output). The tests write their files in folders of their own. (xdist's own --dist
+# loadgroup would do this with marks, but with pytest 9.2 it drops them: pytest-xdist issue 1386.)
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent with -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
@@ -70,8 +66,7 @@ def pytest_xdist_make_scheduler(config, log):
     class LoadFileSharingData(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
-            shares_data = file.endswith(".ipynb") or file in USES_REPO_DATA
-            return "data/ of the repository" if shares_data else file
+            return "the notebooks: data/ of the repository" if file.endswith(".ipynb") else file
 
     return LoadFileSharingData(config, log)
 

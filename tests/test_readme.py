@@ -73,9 +73,10 @@ class BatchRecorder(torch.nn.Module):
 
 
 @pytest.fixture(scope="module")
-def sample_train(pt) -> Path:
-    """The quick start's training file of the bundled sample (made if missing)."""
-    out = ROOT / "data" / "tinystories_sample"
+def sample_train(pt, tmp_path_factory) -> Path:
+    """The quick start's training file of the bundled sample, in a folder of these tests' own: the
+    repository's data/ is the notebooks', which may be running beside them (tests/conftest.py)."""
+    out = tmp_path_factory.mktemp("tinystories_sample")
     pt.prepare(out=out, progress=False)
     return out / "train.npy"
 

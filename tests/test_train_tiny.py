@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import prepare_tokens as pt
 import train_tiny
 from conftest import ROOT, SUBPROCESS_TIMEOUT, run_process
 
@@ -49,21 +50,29 @@ def killed_at(step: int, cmd: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def unbroken(tmp_path_factory) -> tuple[str, Path]:
+def tokens(tmp_path_factory) -> Path:
+    """The quick start's token files of the bundled sample, in a folder of these tests' own: the
+    repository's data/ is the notebooks', which may be running beside them (tests/conftest.py)."""
+    folder = tmp_path_factory.mktemp("tinystories_sample")
+    pt.prepare(out=folder, progress=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def unbroken(tokens, tmp_path_factory) -> tuple[str, Path]:
     """A run of STEPS steps, never stopped: its output and its last checkpoint."""
     checkpoint = tmp_path_factory.mktemp("unbroken") / "tiny.pt"
-    run = run_process([*SCRIPT, *COMMON, "--checkpoint", str(checkpoint)])
+    run = run_process([*SCRIPT, *COMMON, "--data", str(tokens), "--checkpoint", str(checkpoint)])
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout, checkpoint
 
 
-def test_a_killed_run_resumes_into_the_same_losses_and_weights(unbroken, tmp_path):
+def test_a_killed_run_resumes_into_the_same_losses_and_weights(tokens, unbroken, tmp_path):
     whole, stopped = unbroken[0], tmp_path / "stopped.pt"
-    first = killed_at(5, [*SCRIPT, *COMMON, "--checkpoint", str(stopped)])
+    cmd = [*SCRIPT, *COMMON, "--data", str(tokens), "--checkpoint", str(stopped)]
+    first = killed_at(5, cmd)
     saved = torch.load(stopped, weights_only=True)["step"]  # 4, or later if the kill came late
-    resumed = run_process(
-        [*SCRIPT, *COMMON, "--checkpoint", str(stopped), "--resume", str(stopped)]
-    )
+    resumed = run_process([*cmd, "--resume", str(stopped)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     expected = losses(whole)
