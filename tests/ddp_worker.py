@@ -1,14 +1,18 @@
 """One rank of a real torchrun job for tests/test_loaders.py (gloo on the CPU, no GPU needed).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_worker.py \
-        --out DIR --train FILE --val FILE --seq-len 8 --batch-size 3 \
-        [--rank1-seq-len 16 | --rank1-train OTHER | --rank1-seed 4]
+        --out DIR --train FILE --val FILE --seq-len 8 --batch-size 3 [--disagreements JSON]
 
 Each rank builds its datasets, calls make_dataloaders (which checks across ranks that they agree),
 runs one epoch of train and val, then one epoch through a plain DataLoader with torch's
 DistributedSampler, and writes the windows it saw (every x row) to DIR/rank<r>.json. When a step
 fails, it writes the message to DIR/rank<r>.json instead, waits for the other ranks to have done
 the same, and exits with status 1.
+
+--disagreements {"name": {"train": FILE, "rank1": {"seq_len": 16 | "train": OTHER | "seed": 4}}}:
+instead, for each named case in turn, every rank builds its datasets (rank 1 with the case's
+differences) and calls make_dataloaders, and DIR/rank<r>.json maps each name to the error it
+raised ("none" if it raised none).
 """
 
 import argparse
@@ -36,27 +40,33 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, required=True)
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--rank1-seq-len", type=int, help="rank 1 uses this seq_len instead (a mismatch)"
-    )
-    parser.add_argument("--rank1-train", help="rank 1 uses this train file instead (a mismatch)")
-    parser.add_argument(
-        "--rank1-seed", type=int, help="rank 1 uses this shuffle seed instead (a mismatch)"
-    )
+    parser.add_argument("--disagreements", type=json.loads, help="cases where rank 1 differs")
     args = parser.parse_args()
     # A rank that waits for a peer that never comes fails after a minute instead of hanging; the
     # ranks reach each collective within seconds of each other, even on a busy machine.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out) / f"rank{rank}.json"
-    seq_len = args.rank1_seq_len if rank == 1 and args.rank1_seq_len else args.seq_len
-    train_path = args.rank1_train if rank == 1 and args.rank1_train else args.train
-    seed = args.rank1_seed if rank == 1 and args.rank1_seed is not None else args.seed
+    if args.disagreements is not None:
+        errors = {}
+        for name, case in args.disagreements.items():
+            mine = {"train": case["train"], "seq_len": args.seq_len, "seed": args.seed}
+            mine |= case["rank1"] if rank == 1 else {}
+            try:
+                train = nd.NpyTokensDataset(mine["train"], mine["seq_len"])
+                val = nd.NpyTokensDataset(args.val, mine["seq_len"])
+                nd.make_dataloaders(train, val, batch_size=args.batch_size, seed=mine["seed"])
+                errors[name] = "none"
+            except Exception as e:
+                errors[name] = f"{type(e).__name__}: {e}"
+        out.write_text(json.dumps({"rank": rank, "errors": errors}))
+        dist.destroy_process_group()
+        return 0
     try:
-        train = nd.NpyTokensDataset(train_path, seq_len)
-        val = nd.NpyTokensDataset(args.val, seq_len)
+        train = nd.NpyTokensDataset(args.train, args.seq_len)
+        val = nd.NpyTokensDataset(args.val, args.seq_len)
         train_loader, val_loader = nd.make_dataloaders(
-            train, val, batch_size=args.batch_size, num_workers=0, seed=seed
+            train, val, batch_size=args.batch_size, num_workers=0, seed=args.seed
         )
         plain = DataLoader(
             train, batch_size=args.batch_size, sampler=DistributedSampler(train, seed=args.seed)

@@ -282,12 +282,11 @@ def test_torchrun_ranks_cover_the_epoch_disjointly(tmp_path):
     )
 
 
-@pytest.mark.parametrize("mismatch", ["seq_len", "file", "seed", "too_small", "same_size"])
-def test_torchrun_ranks_that_disagree_all_fail_naming_the_rank(tmp_path, mismatch):
+def test_torchrun_ranks_that_disagree_all_fail_naming_the_rank(tmp_path):
     """Rank 1 differs from rank 0 in one setting, or in its train file (another name; too small for
     a batch, which rank 1 alone would refuse, leaving rank 0 waiting; the same name, size, dtype and
-    shape with other ids and no sidecar). make_dataloaders' agreement check fails on every rank,
-    naming rank 1, before any rank builds its sampler."""
+    shape with other ids and no sidecar). One torchrun job tries each case in turn: make_dataloaders'
+    agreement check fails on every rank, naming rank 1, before any rank builds its sampler."""
     train = write_tokens(tmp_path / "train.npy", np.arange(205, dtype=np.uint16))
     (tmp_path / "plain").mkdir()
     (tmp_path / "other_plain").mkdir()
@@ -300,17 +299,19 @@ def test_torchrun_ranks_that_disagree_all_fail_naming_the_rank(tmp_path, mismatc
     val = write_tokens(tmp_path / "val.npy", np.arange(60, dtype=np.uint16))
     other = write_tokens(tmp_path / "other.npy", np.arange(300, dtype=np.uint16))
     tiny = write_tokens(tmp_path / "tiny.npy", np.arange(30, dtype=np.uint16))  # 3 windows
-    extra = {
-        "seq_len": ["--rank1-seq-len", "16"],
-        "file": ["--rank1-train", str(other)],
-        "seed": ["--rank1-seed", "4"],
-        "too_small": ["--rank1-train", str(tiny)],
-        "same_size": ["--rank1-train", str(same_size)],
-    }[mismatch]
-    proc, reports = torchrun(tmp_path, plain if mismatch == "same_size" else train, val, *extra)
-    assert proc.returncode != 0 and len(reports) == 2, proc.stderr[-3000:]
+    cases = {  # the train file ranks 0 and 1 open, and what rank 1 does otherwise
+        "seq_len": {"train": str(train), "rank1": {"seq_len": 16}},
+        "file": {"train": str(train), "rank1": {"train": str(other)}},
+        "seed": {"train": str(train), "rank1": {"seed": 4}},
+        "too_small": {"train": str(train), "rank1": {"train": str(tiny)}},
+        "same_size": {"train": str(plain), "rank1": {"train": str(same_size)}},
+    }
+    proc, reports = torchrun(tmp_path, train, val, "--disagreements", json.dumps(cases))
+    assert proc.returncode == 0 and len(reports) == 2, proc.stderr[-3000:]
     for report in reports:
-        assert report["error"].startswith("RuntimeError: rank 1 "), report
+        assert list(report["errors"]) == list(cases), report
+        for case, error in report["errors"].items():
+            assert error.startswith("RuntimeError: rank 1 "), (report["rank"], case, error)
 
 
 @pytest.mark.parametrize(
