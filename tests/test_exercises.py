@@ -47,25 +47,31 @@ def test_answers_and_pending_name_notebooks_that_exist():
     assert _exercise_numbers(built) == [1, 2, 3]  # the parser reads the list it is meant to
 
 
-def _collected(*args: str) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *args],
+def test_a_notebooks_answers_follow_its_last_cell_and_need_all_of_them():
+    whole, part = "notebooks/03_build_the_dataset.ipynb", "notebooks/01_tokenize_tinystories.ipynb"
+    cells = json.loads((ROOT / whole).read_text(encoding="utf-8"))["cells"]
+    code_cells = sum(cell["cell_type"] == "code" for cell in cells)
+    done = subprocess.run(  # pytest's collection only, in the folder pytest.ini is in
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-n",
+            "0",
+            whole,
+            f"{part}::Cell 0",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return [line for line in done.stdout.splitlines() if "::" in line]
-
-
-def test_a_notebooks_answers_follow_its_last_cell_and_need_all_of_them():
-    notebook = "notebooks/03_build_the_dataset.ipynb"
-    cells = sum(
-        c["cell_type"] == "code" for c in json.loads((ROOT / notebook).read_text())["cells"]
-    )
-    whole = _collected(notebook)
-    assert whole == [f"{notebook}::Cell {i}" for i in range(cells)] + [
-        f"{notebook}::Exercise {n}" for n in (1, 2, 3)
+    collected = [line for line in done.stdout.splitlines() if "::" in line]
+    assert collected == [
+        *(f"{whole}::Cell {i}" for i in range(code_cells)),
+        *(f"{whole}::Exercise {n}" for n in (1, 2, 3)),
+        f"{part}::Cell 0",  # one cell of a notebook: no state for its answers, so none
     ]
-    assert _collected(f"{notebook}::Cell 0") == [f"{notebook}::Cell 0"]  # no state: no answers
