@@ -9,9 +9,10 @@ a notebook changes nothing here) and the exercise's number.
 How they run: nbval runs a notebook's cells in one kernel, as "notebooks/NAME.ipynb::Cell N"; this
 plugin adds an item "notebooks/NAME.ipynb::Exercise K" after the last cell for each answer, which
 runs in that kernel, after every cell, in a copy of the notebook's namespace (one answer cannot
-change the names the next one sees), with nbval's cell time limit. So the notebook runs once for
-its cells and its answers. An answer selected without all of its notebook's cells is skipped: it
-needs the state they leave.
+change the names the next one sees). So the notebook runs once for its cells and its answers. An
+answer selected without all of its notebook's cells (by its id, -k or --lf) first runs them in the
+kernel itself, unchecked. Each kernel run has nbval's cell time limit; a kernel that dies fails the
+answer at once.
 
 To add a notebook's exercises: add an Answer under ("its_name", k) for each exercise k, and take
 the notebook out of PENDING. tests/test_exercises.py fails while an exercise has no answer or an
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+import time
 from pathlib import Path
 from queue import Empty
 from typing import NamedTuple
@@ -357,9 +359,9 @@ def key_of(notebook: Path) -> str:
     return notebook.stem.split("_", 1)[1]
 
 
-# Runs in the notebook's kernel, in a namespace of its own: `job` holds the answer and where its
-# report goes, `user` is the notebook's namespace (globals() of the kernel's cell that runs this).
-IN_KERNEL = r"""
+# Run in the notebook's kernel, in a namespace of their own: `job` holds the code and where the
+# report goes, `user` is the notebook's namespace (globals() of the kernel cell that runs them).
+ANSWER_IN_KERNEL = r"""
 import contextlib, io, json, traceback
 
 printed, error = io.StringIO(), None
@@ -370,6 +372,19 @@ except BaseException:
     error = traceback.format_exc()
 with open(job["report"], "w", encoding="utf-8") as f:
     json.dump({"error": error, "printed": printed.getvalue()}, f)
+"""
+CELLS_IN_KERNEL = r"""
+import contextlib, io, json, traceback
+
+error = None
+try:
+    with contextlib.redirect_stdout(io.StringIO()):
+        for number, source in enumerate(job["cells"]):
+            exec(compile(source, f"<code cell {number}>", "exec"), user)
+except BaseException:
+    error = traceback.format_exc()
+with open(job["report"], "w", encoding="utf-8") as f:
+    json.dump({"error": error}, f)
 """
 
 
@@ -385,34 +400,20 @@ class ExerciseAnswer(pytest.Item):
         self.number, self.answer = number, answer
 
     def runtest(self) -> None:
-        notebook = self.parent  # nbval's IPyNbFile: its kernel ran the cells before this item
-        cells = [
-            i for i in self.session.items if i.parent is notebook and i.name.startswith("Cell")
-        ]
-        if len(cells) < sum(cell.cell_type == "code" for cell in notebook.nb.cells):
-            pytest.skip(f"exercise {self.number} needs every cell of {notebook.name} run first")
-        if not notebook.kernel.is_alive():
-            raise AnswerFailed(f"the kernel of {notebook.name} is not running")
-        timeout = self.config.option.nbval_cell_timeout  # pytest.ini: the limit of a cell
-        with tempfile.TemporaryDirectory() as folder:
-            report = Path(folder) / "report.json"
-            job = {
-                "code": self.answer.code,
-                "name": f"<exercise {self.number}>",
-                "report": str(report),
-            }
-            source = f"exec({IN_KERNEL!r}, {{'job': {job!r}, 'user': globals()}})"
-            msg_id = notebook.kernel.execute_cell_input(source, allow_stdin=False)
-            try:
-                notebook.kernel.await_reply(msg_id, timeout=timeout)
-            except Empty:
-                notebook.kernel.interrupt()
+        notebook = self.parent  # nbval's IPyNbFile: its kernel runs the cells before this item
+        selected = [i for i in self.session.items if i.parent is notebook and i.name[:5] == "Cell "]
+        code_cells = sum(cell.cell_type == "code" for cell in notebook.nb.cells)
+        if len(selected) < code_cells and not getattr(notebook, "cells_run_for_answers", False):
+            from test_notebooks import _code_cells  # the cells as Python: IPython-only lines blank
+
+            cells = self._in_kernel(CELLS_IN_KERNEL, {"cells": _code_cells(notebook.path)})
+            if cells["error"] is not None:
                 raise AnswerFailed(
-                    f"exercise {self.number} did not finish in {timeout} s"
-                ) from None
-            if not report.exists():
-                raise AnswerFailed(f"exercise {self.number} left no report: the kernel died?")
-            result = json.loads(report.read_text(encoding="utf-8"))
+                    f"{notebook.name}'s cells failed before the answer:\n{cells['error']}"
+                )
+            notebook.cells_run_for_answers = True
+        job = {"code": self.answer.code, "name": f"<exercise {self.number}>"}
+        result = self._in_kernel(ANSWER_IN_KERNEL, job)
         if result["error"] is not None:
             raise AnswerFailed(f"the answer to exercise {self.number} failed:\n{result['error']}")
         if not re.search(self.answer.sees, result["printed"], flags=re.M):
@@ -420,6 +421,34 @@ class ExerciseAnswer(pytest.Item):
                 f"exercise {self.number} should print a match for {self.answer.sees!r}; "
                 f"it printed:\n{result['printed']}"
             )
+
+    def _in_kernel(self, code: str, job: dict) -> dict:
+        """Run code in the notebook's kernel with `job` and the notebook's namespace; its report."""
+        kernel, limit = self.parent.kernel, self.config.option.nbval_cell_timeout  # pytest.ini
+        if not kernel.is_alive():
+            raise AnswerFailed(f"the kernel of {self.parent.name} is not running")
+        with tempfile.TemporaryDirectory() as folder:
+            report = Path(folder) / "report.json"
+            job = {**job, "report": str(report)}
+            msg_id = kernel.execute_cell_input(
+                f"exec({code!r}, {{'job': {job!r}, 'user': globals()}})", allow_stdin=False
+            )
+            deadline = time.monotonic() + limit
+            while True:  # in slices, so that a kernel that dies fails the answer at once
+                try:
+                    kernel.await_reply(msg_id, timeout=5)
+                    break
+                except Empty:
+                    if not kernel.is_alive():
+                        raise AnswerFailed(f"exercise {self.number}: the kernel died") from None
+                    if time.monotonic() > deadline:
+                        kernel.interrupt()
+                        raise AnswerFailed(
+                            f"exercise {self.number}: not done in {limit} s"
+                        ) from None
+            if not report.exists():
+                raise AnswerFailed(f"exercise {self.number} left no report (the kernel died?)")
+            return json.loads(report.read_text(encoding="utf-8"))
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, AnswerFailed):
@@ -430,19 +459,16 @@ class ExerciseAnswer(pytest.Item):
         return self.path, None, f"{self.parent.name}::{self.name}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect: they see the answers too
-def pytest_collection_modifyitems(session, config, items):
-    """After each notebook whose every code cell was collected, its answers in number order."""
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A notebook's items: nbval's, a code cell each, then an answer each, in number order."""
+    report = yield
     from nbval.plugin import IPyNbFile
 
-    notebooks = {item.parent: None for item in items if isinstance(item.parent, IPyNbFile)}
-    for notebook in notebooks:
-        cells = [i for i, item in enumerate(items) if item.parent is notebook]
-        if len(cells) < sum(cell.cell_type == "code" for cell in notebook.nb.cells):
-            continue  # some cells only (notebook.ipynb::Cell 3): no state for the answers
-        answers = [
-            ExerciseAnswer.from_parent(notebook, name=f"Exercise {n}", number=n, answer=answer)
+    if isinstance(collector, IPyNbFile) and report.passed:
+        report.result.extend(
+            ExerciseAnswer.from_parent(collector, name=f"Exercise {n}", number=n, answer=answer)
             for (key, n), answer in sorted(ANSWERS.items())
-            if key == key_of(notebook.path)
-        ]
-        items[cells[-1] + 1 : cells[-1] + 1] = answers
+            if key == key_of(collector.path)
+        )
+    return report

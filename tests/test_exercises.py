@@ -1,10 +1,11 @@
-"""Every exercise has a reference answer, and the answers run after their notebook's cells.
+"""Every exercise has a reference answer, and each answer is collected after its notebook's cells.
 
 The answers themselves live in tests/notebook_exercises.py, a pytest plugin (pytest.ini: -p), which
 adds them to each notebook's nbval run as "notebooks/NAME.ipynb::Exercise K".
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -49,21 +50,14 @@ def test_answers_and_pending_name_notebooks_that_exist():
 
 def test_a_notebooks_answers_follow_its_last_cell_and_need_all_of_them():
     whole, part = "notebooks/03_build_the_dataset.ipynb", "notebooks/01_tokenize_tinystories.ipynb"
+    answer = "notebooks/02_write_token_files.ipynb::Exercise 2"  # chosen by its id: it runs alone
     cells = json.loads((ROOT / whole).read_text(encoding="utf-8"))["cells"]
     code_cells = sum(cell["cell_type"] == "code" for cell in cells)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # pytest.ini's options
     done = subprocess.run(  # pytest's collection only, in the folder pytest.ini is in
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-n",
-            "0",
-            whole,
-            f"{part}::Cell 0",
-        ],
+        [sys.executable, "-m", "pytest", "--co", "-q", "-n", "0", whole, f"{part}::Cell 0", answer],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT,
@@ -73,5 +67,6 @@ def test_a_notebooks_answers_follow_its_last_cell_and_need_all_of_them():
     assert collected == [
         *(f"{whole}::Cell {i}" for i in range(code_cells)),
         *(f"{whole}::Exercise {n}" for n in (1, 2, 3)),
-        f"{part}::Cell 0",  # one cell of a notebook: no state for its answers, so none
+        f"{part}::Cell 0",  # one cell of a notebook: its answers are not chosen with it
+        answer,
     ]
