@@ -30,7 +30,8 @@ os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(ROOT / "materials" / "tiktoken_c
 # torch's default of a thread a core made notebook 06's training 4 times slower. -n 0 changes nothing.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
 if WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (cores or 1) // WORKERS)))
 
 # Timeouts catch hangs, not slowness: each is at least 10 times the quiet time of what it guards.
 # Measured on the 2-core machine: a run_process call (torchrun with two ranks, a resume or train_tiny
