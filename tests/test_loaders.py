@@ -286,7 +286,8 @@ def test_torchrun_ranks_that_disagree_all_fail_naming_the_rank(tmp_path):
     """Rank 1 differs from rank 0 in one setting, or in its train file (another name; too small for
     a batch, which rank 1 alone would refuse, leaving rank 0 waiting; the same name, size, dtype and
     shape with other ids and no sidecar). One torchrun job tries each case in turn: make_dataloaders'
-    agreement check fails on every rank, naming rank 1, before any rank builds its sampler."""
+    agreement check fails on every rank, naming rank 1, before any rank builds its sampler. (A rank
+    that raised before that check would leave the ranks out of step: gloo then ends the job.)"""
     train = write_tokens(tmp_path / "train.npy", np.arange(205, dtype=np.uint16))
     (tmp_path / "plain").mkdir()
     (tmp_path / "other_plain").mkdir()
