@@ -124,3 +124,18 @@ def test_top_k_of_one_is_greedy_decoding():
         seen = [ids[max(0, n - 8) : n] for n in range(2, 12)]
         expected = [int(model(torch.tensor([s]))[0, -1].argmax()) for s in seen]
     assert ids[2:] == expected and len(ids) == 12  # past seq_len: the last 8 tokens are seen
+
+
+def test_without_data_it_trains_on_the_quick_starts_files_made_first(tmp_path, monkeypatch, capsys):
+    """No --data: the quick start's folder, written first when it is missing, as quickstart.py
+    writes it; the checkpoint goes beside it."""
+    default = tmp_path / "data" / "tinystories_sample"
+    monkeypatch.setattr(train_tiny, "DEFAULT_DATA", default)
+    deterministic = torch.are_deterministic_algorithms_enabled()  # main() sets it for a CPU
+    try:
+        train_tiny.main(["--device", "cpu", "--steps", "2", "--epoch-windows", "8"])
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    assert (default / "train.npy").is_file() and (default / "validation.npy").is_file()
+    assert (tmp_path / "data" / "checkpoints" / "tiny_gpt.pt").is_file()
+    assert re.search(r"^step 2: validation loss \d+\.\d+", capsys.readouterr().out, flags=re.M)
