@@ -35,10 +35,10 @@ SIDECAR_FIELDS = {  # every sidecar's fields, and their JSON types
     "n_vocab": int,
     "eot_id": int,
     "max_token_id": int,
+    "probe_sha256": str,
 }
 OPTIONAL_FIELDS = {  # the prep step writes these; write_tokens, only when it is given them
     "eot_placement": str,
-    "probe_sha256": str,
     "settings_fingerprint": str,
     "shard": dict,
 }
@@ -82,10 +82,11 @@ def verify_files(patterns: Sequence[str]) -> list[Checked]:
 
 
 def _expand(pattern: str) -> list[str]:
-    """pattern itself, or where no file has that name, the files it matches as a glob, sorted."""
+    """pattern itself, or where no file has that name, the token files it matches as a glob,
+    sorted (not the sidecars, *.json, as the loaders' globs)."""
     if os.path.lexists(pattern) or not glob.has_magic(pattern):
         return [pattern]
-    return sorted(glob.glob(pattern))
+    return sorted(p for p in glob.glob(pattern) if not p.endswith(".json"))
 
 
 def _check_file(path: str) -> Checked:
@@ -96,8 +97,13 @@ def _check_file(path: str) -> Checked:
     except TokenFileError as error:
         return Checked(path, [_without_path(error, path)])
     if meta is None:
-        there = "does not exist" if not os.path.lexists(path) else "has no sidecar to check against"
-        return Checked(path, [there])
+        if not os.path.lexists(path):
+            return Checked(path, ["does not exist"])
+        if os.path.isdir(path):
+            return Checked(path, [f"is a folder: give its token files, as '{path}/*.npy'"])
+        if path.endswith(".json"):
+            return Checked(path, [f"is a sidecar: give its token file, {path[:-5]}"])
+        return Checked(path, ["has no sidecar to check against"])
     problem = _sidecar_problem(meta)
     if problem is not None:
         return Checked(path, [problem])

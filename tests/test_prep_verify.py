@@ -202,6 +202,21 @@ def test_missing_files_sidecars_and_globs_each_get_a_line(tmp_path, capsys):
     assert named and "JSON" in lines[3], lines
 
 
+def test_a_folder_a_sidecar_and_a_glob_over_both_are_told_apart(tmp_path, capsys):
+    path = token_file(tmp_path, "train.npy")
+    side = sidecar_path(path)
+    code, lines = verify(capsys, tmp_path, side, tmp_path / "*")
+    assert code == 1 and lines == [
+        f"{tmp_path}: is a folder: give its token files, as '{tmp_path}/*.npy'",
+        f"{side}: is a sidecar: give its token file, {path}",
+        f"{path}: OK",  # the glob's match: the sidecar beside it is skipped
+    ]
+
+
+def test_the_schema_requires_every_field_write_tokens_writes():
+    assert set(SIDECAR_FIELDS) == nd.WRITTEN_FIELDS
+
+
 # --- files given together: shard sets, a file given twice ---------------------------------------
 
 
