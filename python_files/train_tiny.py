@@ -17,6 +17,7 @@ import argparse
 import itertools
 import math
 import os
+import pickle
 import sys
 import time
 from collections.abc import Iterator
@@ -223,8 +224,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, value in vars(args).items():
         if isinstance(value, int) and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if not args.lr > 0:
-        parser.error(f"--lr must be above 0, got {args.lr}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        parser.error(f"--lr must be a finite number above 0, got {args.lr}")
+    if args.resume is not None and not args.resume.is_file():
+        parser.error(f"--resume must be a checkpoint file, got {str(args.resume)!r}")
+    if args.checkpoint.is_dir():
+        parser.error(f"--checkpoint must be a file's path, got the folder {str(args.checkpoint)!r}")
+    if args.device.split(":")[0] not in ("cpu", "cuda") or (
+        args.device.startswith("cuda") and not torch.cuda.is_available()
+    ):
+        valid = "cpu or cuda[:N]" if torch.cuda.is_available() else "cpu (no CUDA here)"
+        parser.error(f"--device must be {valid}, got {args.device!r}")
     if args.width % args.heads:
         parser.error(f"--heads must divide --width: {args.heads} does not divide {args.width}")
     if args.epoch_windows is not None and args.epoch_windows < args.batch_size:
@@ -240,8 +250,9 @@ def main(argv: list[str] | None = None) -> None:
         from prepare_tokens import prepare  # the quick start's files, made here as it makes them
 
         prepare(out=DEFAULT_DATA, progress=False)
-    if not (args.data / "train.npy").is_file():
-        raise SystemExit(f"no {args.data / 'train.npy'}: write it with prepare_tokens.py --out")
+    for name in ("train.npy", "validation.npy"):
+        if not (args.data / name).is_file():
+            raise SystemExit(f"no {args.data / name}: write it with prepare_tokens.py --out")
     train_loader, val_loader = make_loaders(
         args.data, args.seq_len, args.batch_size, args.epoch_windows
     )
@@ -249,11 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     model, opt = make_model(device, *sizes, lr=args.lr)
     weights = sum(p.numel() for p in model.parameters())
     print(f"{weights:,} weights on {device}; {len(train_loader):,} batches an epoch", flush=True)
-    step = 0
-    if args.resume is not None:
-        step = load_checkpoint(args.resume, model, opt, train_loader)
-        sampler = train_loader.sampler
-        print(f"resumed at step {step}: epoch {sampler.epoch}, {len(train_loader)} batches left")
+    step = 0 if args.resume is None else resume(args.resume, model, opt, train_loader)
     if step >= args.steps:
         raise SystemExit(
             f"the checkpoint is at step {step}: nothing to do for --steps {args.steps}"
@@ -277,6 +284,21 @@ def main(argv: list[str] | None = None) -> None:
             save_checkpoint(args.checkpoint, model, opt, state, done.number)
             print(f"step {done.number}: saved {args.checkpoint}", flush=True)
     print_samples(model)
+
+
+def resume(path: Path, model: TinyGPT, opt: torch.optim.Optimizer, loader: DataLoader) -> int:
+    """load_checkpoint(), with one line naming --resume for a file it cannot load; its step."""
+    try:
+        step = load_checkpoint(path, model, opt, loader)
+    except (RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as error:
+        lines = [line.strip() for line in str(error).splitlines() if "size mismatch" in line]
+        sizes = "--seq-len, --width, --layers, --heads"
+        raise SystemExit(
+            f"--resume {path}: not a checkpoint train_tiny wrote, or one of other sizes "
+            f"({sizes})" + "".join(f"; {line}" for line in lines[:1])
+        ) from None
+    print(f"resumed at step {step}: epoch {loader.sampler.epoch}, {len(loader)} batches left")
+    return step
 
 
 def print_samples(model: TinyGPT, prompt: str = "Once upon a time, there was a") -> None:

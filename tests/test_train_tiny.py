@@ -105,9 +105,13 @@ def test_it_prints_the_perplexity_and_a_greedy_and_a_sampled_text(unbroken):
     [
         (["--steps", "0"], "--steps must be at least 1, got 0"),
         (["--checkpoint-every", "-1"], "--checkpoint-every must be at least 1, got -1"),
-        (["--lr", "0"], "--lr must be above 0, got 0.0"),
+        (["--lr", "0"], "--lr must be a finite number above 0, got 0.0"),
         (["--width", "64", "--heads", "5"], "--heads must divide --width"),
         (["--epoch-windows", "1"], "--epoch-windows must be at least --batch-size, got 1"),
+        (["--lr", "inf"], "--lr must be a finite number above 0, got inf"),
+        (["--resume", "/no/such.pt"], "--resume must be a checkpoint file, got '/no/such.pt'"),
+        (["--checkpoint", "/"], "--checkpoint must be a file's path, got the folder '/'"),
+        (["--device", "tpu"], "--device must be cpu"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(argv, message, capsys):
@@ -139,3 +143,20 @@ def test_without_data_it_trains_on_the_quick_starts_files_made_first(tmp_path, m
     assert (default / "train.npy").is_file() and (default / "validation.npy").is_file()
     assert (tmp_path / "data" / "checkpoints" / "tiny_gpt.pt").is_file()
     assert re.search(r"^step 2: validation loss \d+\.\d+", capsys.readouterr().out, flags=re.M)
+
+
+@pytest.mark.parametrize("kind", ["not a checkpoint", "other sizes"])
+def test_a_checkpoint_it_cannot_load_is_refused_naming_resume(tokens, unbroken, tmp_path, kind):
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    path, extra = (junk, []) if kind == "not a checkpoint" else (unbroken[1], ["--seq-len", "32"])
+    argv = [*COMMON, "--steps", "20", "--data", str(tokens), "--resume", str(path), *extra]
+    deterministic = torch.are_deterministic_algorithms_enabled()  # main() sets it for a CPU
+    try:
+        with pytest.raises(SystemExit) as exit:
+            train_tiny.main([*argv, "--checkpoint", str(tmp_path / "new.pt")])
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    said = f"--resume {path}: not a checkpoint train_tiny wrote, or one of other sizes"
+    assert str(exit.value).startswith(said)
+    assert ("size mismatch for positions.weight" in str(exit.value)) == (kind == "other sizes")
