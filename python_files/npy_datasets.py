@@ -156,8 +156,10 @@ def _write_atomically(
         os.replace(side_tmp, side)
         if os.name != "nt":  # the renames survive a power cut (Windows cannot open a folder)
             folder = os.open(path.parent, os.O_RDONLY)
-            os.fsync(folder)
-            os.close(folder)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
     except OSError as error:  # a full disk names no file, a missing folder the temporary one
         if error.filename in (None, str(tmp), str(side_tmp)):
             raise OSError(error.errno, f"{error.strerror} while writing", str(path)) from error
@@ -287,6 +289,8 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     if st.st_size == 0:
         raise TokenFileError(f"{path!r} is empty (0 bytes); write it again")
     meta = read_sidecar(path) or {}
+    if verify and not meta:
+        raise TokenFileError(f"{path!r} has no sidecar, whose sha256 verify=True compares")
     with open(path, "rb") as f:
         head = f.read(PROBE_BYTES)
         layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
@@ -302,8 +306,9 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
         was = f"{bad} is {meta.get(bad)!r:.70} there, {actual[bad]!r:.70} here"
         raise TokenFileError(f"{path!r} was replaced or damaged since its sidecar: {was}")
     if verify and digest != meta.get("sha256"):  # a read of every byte
-        problem = "is damaged: its sha256 is not its sidecar's" if meta else "has no sidecar"
-        raise TokenFileError(f"{path!r} {problem}, which verify=True compares")
+        raise TokenFileError(
+            f"{path!r} is damaged: its sha256 is not its sidecar's, which verify=True compares"
+        )
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
     if vocab_size is not None:  # the sidecar's max_token_id, or else one scan of the file
@@ -474,6 +479,8 @@ class NpyTokensDataset:
             raise ValueError(f'mode must be "windows" or "random", got {mode!r}')
         if num_samples is not None and mode != "random":
             raise ValueError('num_samples applies to mode="random" only')
+        if num_samples is not None:
+            _check_int("num_samples", num_samples, 1)
         self.seq_len = int(seq_len)
         self.mode = mode
         self.seed = int(seed)
@@ -492,8 +499,6 @@ class NpyTokensDataset:
             need = f"{self._row_len.max()} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
             fix = "use a smaller seq_len, or prepare with a larger --val-fraction"
             raise ValueError(f"{self.paths[0]!r} and the rest hold no window: {need}; {fix}")
-        if num_samples is not None:
-            _check_int("num_samples", num_samples, 1)
         self.num_samples = int(self._window_bounds[-1] if num_samples is None else num_samples)
         self._one_flat_file = len(self.files) == 1 and len(self.files[0].shape) == 1
         self._maps: dict[int, np.ndarray] = {}  # file -> its windows, least recently used first
@@ -547,6 +552,7 @@ class NpyTokensDataset:
 
     def locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The file of each window, and the position of its first token in that file."""
+        indices = np.asarray(indices, dtype=np.int64)  # a list too
         if self.mode == "random":  # start k of all the files' starts, from (seed, epoch, index)
             key = _splitmix64(_splitmix64(self.seed) + epoch)  # epoch e's i + 1 is not e + 1's i
             hashed = _splitmix64(indices.astype(np.uint64) + np.uint64(key))
@@ -733,6 +739,8 @@ class EpochSampler:
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
         """This rank's indices of `epoch`, from position `start` of the epoch's order on."""
+        if not 0 <= start <= self.num_samples:
+            raise ValueError(f"start must be from 0 to {self.num_samples:,}, got {start}")
         if self.shuffle:
             full = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
         else:

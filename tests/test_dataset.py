@@ -373,3 +373,15 @@ def test_huge_numbers_and_a_bool_index_are_refused_by_name(arange_file):
             rand[bad]
         with pytest.raises(TypeError, match="bool"):
             rand[0, [bad]]
+
+
+def test_locate_takes_a_list_as_it_takes_an_array(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(100), seq_len=10)
+    files, firsts = ds.locate(0, [1, 2])
+    assert files.tolist() == [0, 0] and firsts.tolist() == [10, 20]
+    assert [a.tolist() for a in ds.locate(0, np.array([1, 2]))] == [[0, 0], [10, 20]]
+
+
+def test_num_samples_is_checked_before_any_file_is_opened(tmp_path):
+    with pytest.raises(ValueError, match="num_samples must be from 1"):
+        nd.NpyTokensDataset(tmp_path / "missing.npy", 4, mode="random", num_samples=0)

@@ -426,3 +426,10 @@ def test_a_sidecar_field_of_null_and_a_sidecar_link_loop_are_named(tmp_path):
     side.unlink()
     side.symlink_to(side.name)  # a link to itself: stat() fails with ELOOP
     assert repr(str(side)) in refused(loop, nd.TokenFileError)
+
+
+def test_verify_without_a_sidecar_is_refused_before_the_file_is_read(tmp_path, monkeypatch):
+    bare = tmp_path / "bare.npy"
+    np.save(bare, np.arange(100, dtype=np.uint16))
+    monkeypatch.setattr(nd.hashlib, "file_digest", lambda *a: pytest.fail("hashed all the same"))
+    refused(bare, nd.TokenFileError, "has no sidecar", "verify=True", verify=True)

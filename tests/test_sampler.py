@@ -347,3 +347,10 @@ def test_sampler_arguments_that_would_be_misread_are_refused_by_name():
         with pytest.raises(error, match="epoch"):
             sampler.set_epoch(epoch)
     assert sampler.epoch == 0  # a refused epoch changes nothing
+
+
+@pytest.mark.parametrize("start", [-3, 101])
+def test_an_order_start_outside_the_epoch_is_refused(arange_file, start):
+    sampler = nd.EpochSampler(nd.NpyTokensDataset(arange_file(401), 4), batch_size=5)
+    with pytest.raises(ValueError, match=f"start must be from 0 to 100, got {start}"):
+        sampler.order(0, start)
