@@ -372,6 +372,7 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
     dtype = _token_dtype(found, repr(path))  # before any map: a 0-byte dtype kills numpy's
     if (
         not 1 <= len(shape) <= 2
+        or any(type(n) is not int for n in shape)  # numpy lets True pass as an int
         or min(shape) < 1
         or (fortran and len(shape) == 2 and 1 not in shape)
     ):
