@@ -1,7 +1,7 @@
 """One rank of a real torchrun job for tests/test_loaders.py (gloo on the CPU, no GPU needed).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/ddp_worker.py \
-        --out DIR --train FILE --val FILE --seq-len 8 --batch-size 3 [--disagreements JSON]
+        --out DIR --train FILE --val FILE --seq-len 8 --batch-size 5 [--disagreements JSON]
 
 Each rank builds its datasets, calls make_dataloaders (which checks across ranks that they agree),
 runs one epoch of train and val, then one epoch through a plain DataLoader with torch's
@@ -45,23 +45,17 @@ def main() -> int:
     # A rank that waits for a peer that never comes fails after a minute instead of hanging; the
     # ranks reach each collective within seconds of each other, even on a busy machine.
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    out = Path(args.out) / f"rank{rank}.json"
-    if args.disagreements is not None:
-        errors = {}
-        for name, case in args.disagreements.items():
-            mine = {"train": case["train"], "seq_len": args.seq_len, "seed": args.seed}
-            mine |= case["rank1"] if rank == 1 else {}
-            try:
-                train = nd.NpyTokensDataset(mine["train"], mine["seq_len"])
-                val = nd.NpyTokensDataset(args.val, mine["seq_len"])
-                nd.make_dataloaders(train, val, batch_size=args.batch_size, seed=mine["seed"])
-                errors[name] = "none"
-            except Exception as e:
-                errors[name] = f"{type(e).__name__}: {e}"
-        out.write_text(json.dumps({"rank": rank, "errors": errors}))
-        dist.destroy_process_group()
-        return 0
+    rank = dist.get_rank()
+    report = one_epoch(args, rank) if args.disagreements is None else disagreements(args, rank)
+    (Path(args.out) / f"rank{rank}.json").write_text(json.dumps(report))
+    if "error" in report:
+        dist.barrier()  # every rank has written its message before torchrun stops the job
+    dist.destroy_process_group()
+    return 1 if "error" in report else 0
+
+
+def one_epoch(args: argparse.Namespace, rank: int) -> dict:
+    """The windows of one epoch of train and val, and of torch's DistributedSampler, or the error."""
     try:
         train = nd.NpyTokensDataset(args.train, args.seq_len)
         val = nd.NpyTokensDataset(args.val, args.seq_len)
@@ -71,22 +65,32 @@ def main() -> int:
         plain = DataLoader(
             train, batch_size=args.batch_size, sampler=DistributedSampler(train, seed=args.seed)
         )
-        seen = {
+        return {
             "rank": rank,
-            "world_size": world,
+            "world_size": dist.get_world_size(),
             "train": rows(train_loader),
             "val": rows(val_loader),
             "distributed_sampler": rows(plain),
             "train_state": train_loader.sampler.state_dict(),
         }
     except Exception as e:  # report it, then fail like any rank would
-        out.write_text(json.dumps({"rank": rank, "error": f"{type(e).__name__}: {e}"}))
-        dist.barrier()  # every rank has written its message before torchrun stops the job
-        dist.destroy_process_group()
-        return 1
-    out.write_text(json.dumps(seen))
-    dist.destroy_process_group()
-    return 0
+        return {"rank": rank, "error": f"{type(e).__name__}: {e}"}
+
+
+def disagreements(args: argparse.Namespace, rank: int) -> dict:
+    """For each case, the error make_dataloaders raised on this rank ("none" if none)."""
+    errors = {}
+    for name, case in args.disagreements.items():
+        mine = {"train": case["train"], "seq_len": args.seq_len, "seed": args.seed}
+        mine |= case["rank1"] if rank == 1 else {}
+        try:
+            train = nd.NpyTokensDataset(mine["train"], mine["seq_len"])
+            val = nd.NpyTokensDataset(args.val, mine["seq_len"])
+            nd.make_dataloaders(train, val, batch_size=args.batch_size, seed=mine["seed"])
+            errors[name] = "none"
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}"
+    return {"rank": rank, "errors": errors}
 
 
 if __name__ == "__main__":

@@ -190,6 +190,7 @@ print(warned[0] if warned else "no warning", "| pinned:", batch[0].is_pinned())
     ("test_the_dataloader", 3): Answer(
         """
 _, val_loader_2 = nd.make_dataloaders(train, val, batch_size=BATCH, num_workers=2)
+val_loader_2.timeout = 60  # a worker that hangs fails the answer
 firsts_2 = torch.cat([x[:, 0] for x, _ in val_loader_2])
 assert torch.equal(firsts_2, expected)
 print(f"2 workers: {len(firsts_2)} validation windows, in order: {torch.equal(firsts_2, expected)}")
