@@ -64,10 +64,13 @@ MAX_OPEN_FILES = 1024  # files one process keeps mapped at most (each map holds 
 # that is 16 for the loader and 2 (x and y) for each batch in flight; 4 a batch doubles that.
 LOADER_DESCRIPTORS = 16
 BATCH_DESCRIPTORS = 4
-# The sidecar fields write_tokens measures or takes as arguments: **fields cannot set them.
-WRITTEN_FIELDS = {"format", "format_version", "file", "layout", "dtype", "shape", "n_tokens"}
-WRITTEN_FIELDS |= {"file_size", "sha256", "probe_sha256", "max_token_id", "tokenizer", "n_vocab"}
-WRITTEN_FIELDS |= {"eot_id"}
+# The sidecar fields write_tokens measures or takes as arguments, and their JSON types: **fields
+# cannot set them, and read_sidecar refuses a sidecar that lacks one.
+WRITTEN_FIELDS = {"format": str, "format_version": int, "file": str, "layout": str, "dtype": str}
+WRITTEN_FIELDS |= {"shape": list, "n_tokens": int, "file_size": int, "sha256": str}
+WRITTEN_FIELDS |= {"probe_sha256": str, "max_token_id": int, "tokenizer": str, "n_vocab": int}
+WRITTEN_FIELDS |= {"eot_id": int}
+JSON_TYPES = {str: "string", int: "integer", list: "array"}
 
 
 class TokenFileError(ValueError):
@@ -241,7 +244,8 @@ def sidecar_path(path: PathLike) -> Path:
 
 
 def read_sidecar(path: PathLike) -> dict[str, Any] | None:
-    """A token file's JSON sidecar, or None; `prepare_tokens.py --verify` checks every field."""
+    """A token file's JSON sidecar, or None; every field write_tokens writes, of its JSON type
+    (`prepare_tokens.py --verify` checks their values)."""
     side = sidecar_path(path)
     if not os.path.lexists(side):
         return None
@@ -259,6 +263,10 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
     if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
         newer = f"this npy_datasets.py reads 1 to {FORMAT_VERSION}: copy a newer one"
         raise TokenFileError(f"{str(side)!r} has format_version {version!r}; {newer}")
+    for key, kind in WRITTEN_FIELDS.items():  # exact: a JSON true is a bool, not an integer
+        if type(meta.get(key)) is not kind:
+            found = f"is {meta[key]!r:.60}, not" if key in meta else "is missing: it needs"
+            raise TokenFileError(f"{str(side)!r}: {key!r} {found} a JSON {JSON_TYPES[kind]}")
     return meta
 
 

@@ -2,10 +2,11 @@
 
     python python_files/prepare_tokens.py --verify 'data/tinystories/train_*.npy'
 
-Opening a file (open_tokens) checks what a loader needs: the layout, the size, and the first and
-last 64 KiB against the sidecar. The audit adds what no open pays for: every sidecar field and its
-JSON type, the sha256 of the whole file, a scan of every id, and, over the files given together,
-a shard set with shards missing or repeated, and a file given twice.
+Opening a file (open_tokens) checks what a loader needs: each field write_tokens writes, of its JSON
+type, the layout, the size, and the first and last 64 KiB against the sidecar. The audit adds what
+no open pays for: the fields' values and the prep step's own fields, the sha256 of the whole file,
+a scan of every id, and, over the files given together, a shard set with shards missing or
+repeated, and a file given twice.
 """
 
 from __future__ import annotations
@@ -19,30 +20,13 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from npy_datasets import TokenFileError, open_tokens, read_sidecar
+from npy_datasets import JSON_TYPES, TokenFileError, open_tokens, read_sidecar
 
-SIDECAR_FIELDS = {  # every sidecar's fields, and their JSON types
-    "format": str,
-    "format_version": int,
-    "file": str,
-    "layout": str,
-    "dtype": str,
-    "shape": list,
-    "n_tokens": int,
-    "file_size": int,
-    "sha256": str,
-    "tokenizer": str,
-    "n_vocab": int,
-    "eot_id": int,
-    "max_token_id": int,
-    "probe_sha256": str,
-}
 OPTIONAL_FIELDS = {  # the prep step writes these; write_tokens, only when it is given them
     "eot_placement": str,
     "settings_fingerprint": str,
     "shard": dict,
 }
-JSON_TYPES = {str: "string", int: "integer", list: "array", dict: "object"}
 SHOWN = 10  # missing shard indices a line lists, at most
 
 
@@ -130,13 +114,12 @@ def _without_path(error: Exception, path: str) -> str:
 
 
 def _sidecar_problem(meta: dict[str, Any]) -> str | None:
-    """The first way meta breaks the sidecar's schema, or None."""
-    fields = SIDECAR_FIELDS | {key: OPTIONAL_FIELDS[key] for key in OPTIONAL_FIELDS if key in meta}
-    for key, kind in fields.items():
-        if key not in meta:
-            return f"its sidecar has no {key!r}"
-        if type(meta[key]) is not kind:  # exact: a JSON true is a bool, not an int
-            return f"its sidecar's {key!r} is {meta[key]!r:.60}, not a JSON {JSON_TYPES[kind]}"
+    """The first way meta breaks the sidecar's schema, or None (read_sidecar checked the fields
+    write_tokens writes; the prep step's own fields are checked here)."""
+    for key, kind in OPTIONAL_FIELDS.items():
+        if key in meta and type(meta[key]) is not kind:  # exact: a JSON true is a bool
+            json_type = {**JSON_TYPES, dict: "object"}[kind]
+            return f"its sidecar's {key!r} is {meta[key]!r:.60}, not a JSON {json_type}"
     shape = meta["shape"]
     if len(shape) not in (1, 2) or not all(type(n) is int and n > 0 for n in shape):
         return f"its sidecar's shape {shape!r:.60} is not 1 or 2 positive integers"

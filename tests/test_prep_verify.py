@@ -21,7 +21,7 @@ import npy_datasets as nd
 import prepare_tokens as pt
 from conftest import MANY, ROOT, make_dataset, prepare
 from prep_outputs import sidecar_path
-from prep_verify import OPTIONAL_FIELDS, SIDECAR_FIELDS
+from prep_verify import OPTIONAL_FIELDS
 
 # datasets' Arrow copies of the fixtures go to a temporary folder (conftest.datasets_cache)
 pytestmark = pytest.mark.usefixtures("datasets_cache")
@@ -108,28 +108,34 @@ WRONG_TYPE = {  # a value of another JSON type for each field: true is a bool, n
     dict: [0],
 }
 JSON_NAME = {str: "string", int: "integer", list: "array", dict: "object"}
-MODULE_CHECKS = ("format", "format_version")  # read_sidecar refuses these itself
+MODULE_CHECKS = ("format", "format_version")  # read_sidecar refuses these in words of their own
 
 
-@pytest.mark.parametrize("key", [*SIDECAR_FIELDS, *OPTIONAL_FIELDS])
+@pytest.mark.parametrize("key", [*nd.WRITTEN_FIELDS, *OPTIONAL_FIELDS])
 def test_each_field_of_the_wrong_json_type_fails(tmp_path, capsys, key):
-    kind = {**SIDECAR_FIELDS, **OPTIONAL_FIELDS}[key]
+    kind = {**nd.WRITTEN_FIELDS, **OPTIONAL_FIELDS}[key]
     good, bad = token_file(tmp_path, "good.npy"), token_file(tmp_path, "bad.npy")
     edit_sidecar(bad, **{key: WRONG_TYPE[kind]})
     code, lines = verify(capsys, good, bad)
     assert code == 1 and lines[0] == f"{good}: OK"
+    wrong = f"{key!r} is {WRONG_TYPE[kind]!r}, not a JSON {JSON_NAME[kind]}"
     if key in MODULE_CHECKS:
         assert re.fullmatch(rf"{re.escape(str(bad))}: .*(format|format_version).*", lines[1])
-    else:
-        wrong = f"{WRONG_TYPE[kind]!r}, not a JSON {JSON_NAME[kind]}"
-        assert lines[1] == f"{bad}: its sidecar's {key!r} is {wrong}"
+    elif key in OPTIONAL_FIELDS:  # the prep step's own fields: the audit's check
+        assert lines[1] == f"{bad}: its sidecar's {wrong}"
+    else:  # what write_tokens writes: read_sidecar's check, on every open
+        assert lines[1] == f"{bad}: {str(sidecar_path(bad))!r}: {wrong}"
 
 
-@pytest.mark.parametrize("key", [k for k in SIDECAR_FIELDS if k not in MODULE_CHECKS])
-def test_each_missing_field_fails(tmp_path, capsys, key):
+@pytest.mark.parametrize("key", [k for k in nd.WRITTEN_FIELDS if k not in MODULE_CHECKS])
+def test_each_missing_field_fails_every_open(tmp_path, capsys, key):
     path = token_file(tmp_path)
     edit_sidecar(path, drop=key)
-    assert verify(capsys, path) == (1, [f"{path}: its sidecar has no {key!r}"])
+    kind = JSON_NAME[nd.WRITTEN_FIELDS[key]]
+    said = f"{str(sidecar_path(path))!r}: {key!r} is missing: it needs a JSON {kind}"
+    assert verify(capsys, path) == (1, [f"{path}: {said}"])
+    with pytest.raises(nd.TokenFileError, match=re.escape(said)):
+        nd.open_tokens(path)
 
 
 @pytest.mark.parametrize(
@@ -211,10 +217,6 @@ def test_a_folder_a_sidecar_and_a_glob_over_both_are_told_apart(tmp_path, capsys
         f"{side}: is a sidecar: give its token file, {path}",
         f"{path}: OK",  # the glob's match: the sidecar beside it is skipped
     ]
-
-
-def test_the_schema_requires_every_field_write_tokens_writes():
-    assert set(SIDECAR_FIELDS) == nd.WRITTEN_FIELDS
 
 
 # --- files given together: shard sets, a file given twice ---------------------------------------
