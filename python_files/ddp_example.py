@@ -22,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -44,7 +45,7 @@ def choose_backend(local_ranks: int, gpus: int) -> str:
     return "nccl" if gpus >= local_ranks else "gloo"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -62,7 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
+    if args.resume is not None and not args.resume.is_file():
+        parser.error(f"--resume must be a file --save-state wrote, got {str(args.resume)!r}")
+    return args
 
+
+def start_ranks() -> tuple[bool, int, int, torch.device]:
+    """Join torchrun's process group, if there is one: distributed?, rank, world size, device."""
     distributed = "RANK" in os.environ  # set by torchrun
     gpus = torch.cuda.device_count()
     backend = (
@@ -80,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{world} rank(s), backend {backend or 'none'}, device {device.type}, "
             f"{gpus} GPU(s) on this node"
         )
+    return distributed, rank, world, device
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    distributed, rank, world, device = start_ranks()
     if rank == 0:  # one process writes the token files; the others wait, then only read them
         prepare(out=args.data, progress=False)
     if distributed:
@@ -93,15 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     sampler = train_loader.sampler
     step = 0  # the global step: batches taken since the first run began
     if args.resume:
-        saved = json.loads(args.resume.read_text())
-        sampler.load_state_dict(saved["sampler"])
-        step = saved["step"]
+        try:
+            saved = json.loads(args.resume.read_text())
+            sampler.load_state_dict(saved["sampler"])
+            step = saved["step"]
+        except (ValueError, KeyError, TypeError) as error:
+            why = f"it has no {error}" if isinstance(error, KeyError) else str(error)
+            raise SystemExit(f"--resume {args.resume}: not a state --save-state wrote: {why}")
     last = step + args.steps
 
     while step < last:
-        epoch = (
-            sampler.epoch
-        )  # each pass over the loader is the next epoch (or the rest of a resumed one)
+        epoch = sampler.epoch  # each pass is the next epoch (or the rest of a resumed one)
         for consumed, batch in enumerate(train_loader, 1):
             x, y = to_device(batch, device)
             step += 1
@@ -117,8 +131,18 @@ def main(argv: list[str] | None = None) -> int:
             f"saved the loader state: step {step}, epoch {state['epoch']}, "
             f"position {state['position']}"
         )
+    check_disjoint(sampler.order(epoch), len(train), distributed, rank, world, device)
+    if distributed:
+        dist.destroy_process_group()
+    return 0
 
-    mine = torch.from_numpy(sampler.order(epoch))  # this rank's windows of the last epoch it was in
+
+def check_disjoint(
+    order: np.ndarray, n: int, distributed: bool, rank: int, world: int, device: torch.device
+) -> None:
+    """Gather every rank's windows of the last epoch (order: this rank's); rank 0 says whether
+    they are disjoint and how many windows no rank got."""
+    mine = torch.from_numpy(order)
     if distributed:
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine.to(device) if device.type == "cuda" else mine)
@@ -128,15 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         seen = torch.cat(every)
         disjoint = len(torch.unique(seen)) == len(seen)
-        expected = len(train) % world  # remainder="drop": the last n % W windows of the order
+        expected = n % world  # remainder="drop": the last n % W windows of the order
         say(
-            f"{world} rank(s), {len(train):,} windows per epoch: each rank {len(mine):,}, "
+            f"{world} rank(s), {n:,} windows per epoch: each rank {len(mine):,}, "
             f"disjoint: {disjoint}, "
-            f"dropped: {len(train) - len(torch.unique(seen))} (n % world_size = {expected})"
+            f"dropped: {n - len(torch.unique(seen))} (n % world_size = {expected})"
         )
-    if distributed:
-        dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
