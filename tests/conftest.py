@@ -108,6 +108,18 @@ def arange_file(tmp_path):
     return make
 
 
+@pytest.fixture(scope="session")
+def shard_folder(tmp_path_factory) -> Path:
+    """300 small shards, shard_000.npy to shard_299.npy: shard i holds ids 100*i .. 100*i + 49, six
+    windows of 8. Read only: shard_[01]*.npy are the first 200."""
+    folder = tmp_path_factory.mktemp("shards")
+    for i in range(300):
+        write_tokens(
+            folder / f"shard_{i:03d}.npy", np.arange(100 * i, 100 * i + 50, dtype=np.uint16)
+        )
+    return folder
+
+
 def npy_bytes(header: bytes | str, version: bytes = b"\x01\x00", data: bytes = b"") -> bytes:
     """A .npy file from its parts; the length field is 2 bytes for version 1, 4 for versions 2 and 3."""
     header = header.encode("latin1") if isinstance(header, str) else header

@@ -29,6 +29,7 @@ from conftest import (
     SEQ,
     WORKER_TIMEOUT,
     assert_window_inside,
+    run_process,
     write_parts,
     write_tokens,
 )
@@ -216,17 +217,13 @@ print(json.dumps({"windows": len(ds), "seen": seen, "workers": in_workers, "most
     reason="sets RLIMIT_NOFILE and counts maps through Linux's /proc",
 )
 @pytest.mark.parametrize("taken", [0, 24])
-def test_an_epoch_over_many_shards_keeps_half_the_free_descriptors_for_others(tmp_path, taken):
+def test_an_epoch_over_many_shards_keeps_half_the_free_descriptors_for_others(shard_folder, taken):
     """200 shards under a limit of 64: the maps never take more than half of the descriptors
     free after DataLoader's own (LOADER_DESCRIPTORS), and the epoch is whole, with or without
     workers."""
-    for i in range(200):  # shard i holds ids 100*i .. 100*i + 49: six windows of 8
-        write_tokens(
-            tmp_path / f"shard_{i:03d}.npy", np.arange(100 * i, 100 * i + 50, dtype=np.uint16)
-        )
-    script = [SHARD_EPOCH, str(ROOT / "python_files"), str(tmp_path / "shard_*.npy"), str(taken)]
-    proc = subprocess.run(
-        [sys.executable, "-c", *script], capture_output=True, text=True, timeout=120
+    first_200 = str(shard_folder / "shard_[01]*.npy")  # shard i: ids 100*i .. 100*i + 49
+    proc = run_process(
+        [sys.executable, "-c", SHARD_EPOCH, str(ROOT / "python_files"), first_200, str(taken)]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
@@ -503,25 +500,11 @@ except ValueError as error:
 @pytest.mark.skipif(
     not Path("/proc/self/fd").exists(), reason="sets RLIMIT_NOFILE, counts /proc/self/fd"
 )
-def test_workers_under_a_low_open_file_limit_are_refused_at_once_naming_it(tmp_path):
+def test_workers_under_a_low_open_file_limit_are_refused_at_once_naming_it(shard_folder):
     """300 shards, two workers, a limit of 40 with 20 descriptors taken: torch's workers would hang
     or die handing batches over; make_dataloaders refuses at once and names the limit."""
-    for i in range(300):
-        write_tokens(
-            tmp_path / f"shard_{i:03d}.npy", np.arange(100 * i, 100 * i + 50, dtype=np.uint16)
-        )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            DESCRIPTORS,
-            str(ROOT / "python_files"),
-            str(tmp_path / "shard_*.npy"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    every = str(shard_folder / "shard_*.npy")
+    proc = run_process([sys.executable, "-c", DESCRIPTORS, str(ROOT / "python_files"), every])
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     refusal = got["refused"]

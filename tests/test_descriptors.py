@@ -14,12 +14,11 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import npy_datasets as nd
-from conftest import ROOT, SUBPROCESS_TIMEOUT, write_tokens
+from conftest import ROOT, SUBPROCESS_TIMEOUT
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,17 +39,6 @@ BUDGETS = [
 # 300 shards opened), then 0.7 s at most to any next batch. A hang shows as no line at all.
 STARTUP_TIMEOUT = 120  # seconds
 NO_PROGRESS_TIMEOUT = 20  # seconds
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    """300 small shards: shard i holds ids 100*i .. 100*i + 49, six windows of 8."""
-    folder = tmp_path_factory.mktemp("shards")
-    for i in range(300):
-        write_tokens(
-            folder / f"shard_{i:03d}.npy", np.arange(100 * i, 100 * i + 50, dtype=np.uint16)
-        )
-    return folder
 
 
 def watched(cmd: list[str], stderr_file: Path) -> list[dict]:
@@ -89,7 +77,7 @@ def watched(cmd: list[str], stderr_file: Path) -> list[dict]:
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="counts maps through /proc")
 @pytest.mark.parametrize(("limit", "held", "workers", "prefetch", "later"), BUDGETS)
 def test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit(
-    shards, tmp_path, limit, held, workers, prefetch, later
+    shard_folder, tmp_path, limit, held, workers, prefetch, later
 ):
     """An epoch over 300 shards under RLIMIT_NOFILE, N descriptors taken: the batches come, each
     worker keeping its maps within half of what it had free, or one error names the limit and
@@ -99,7 +87,7 @@ def test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit(
     if hard != resource.RLIM_INFINITY and hard < limit:
         pytest.skip(f"the hard open-file limit is {hard}, below {limit}")
     budget = [limit, held, workers, prefetch, later]
-    cmd = [sys.executable, str(HERE / "reader_harness.py"), "descriptors", str(shards)]
+    cmd = [sys.executable, str(HERE / "reader_harness.py"), "descriptors", str(shard_folder)]
     *progress, result = watched([*cmd, *map(str, budget)], tmp_path / "stderr.txt")
     stderr = (tmp_path / "stderr.txt").read_text()
     if result["outcome"] == "error":
