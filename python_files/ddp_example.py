@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         try:
             saved = json.loads(args.resume.read_text())
-            sampler.load_state_dict(saved["sampler"])
+            train_loader.load_state_dict(saved["sampler"])
             step = saved["step"]
         except (ValueError, KeyError, TypeError) as error:
             why = f"it has no {error}" if isinstance(error, KeyError) else str(error)
@@ -116,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
 
     while step < last:
         epoch = sampler.epoch  # each pass is the next epoch (or the rest of a resumed one)
-        for consumed, batch in enumerate(train_loader, 1):
+        for batch in train_loader:
             x, y = to_device(batch, device)
             step += 1
             say(f"rank {rank}/{world} step {step} epoch {epoch} checksum {int(x.sum())}")
             if step == last:
                 break
 
-    state = sampler.state_dict(consumed=consumed)  # the loop's own count: exact with workers too
+    state = train_loader.state_dict()  # counts the batches the loop received
     if args.save_state and rank == 0:
         args.save_state.parent.mkdir(parents=True, exist_ok=True)
         args.save_state.write_text(json.dumps({"step": step, "sampler": state}))

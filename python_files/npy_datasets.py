@@ -5,14 +5,19 @@ Copy this one file into your project: it needs Python 3.11+, numpy, torch and th
     train = NpyTokensDataset("data/tinystories/train.npy", seq_len=256)  # or a list, or a glob
     val = NpyTokensDataset("data/tinystories/validation.npy", seq_len=256)
     train_loader, val_loader = make_dataloaders(train, val, batch_size=32)
-    for epoch in range(train_loader.sampler.epoch, 10):
+    if resuming:  # after loading the model and the optimizer from the same checkpoint
+        train_loader.load_state_dict(checkpoint["loader"])
+    for epoch in range(train_loader.sampler.epoch, 10):  # a resumed run starts at the saved epoch
         train_loader.sampler.set_epoch(epoch)
-        for step, batch in enumerate(train_loader, 1):
+        for batch in train_loader:  # after a resume, the rest of the saved epoch
             x, y = to_device(batch, "cuda")  # int64, (32, 256) each: y is x shifted by one token
-            ...  # loss = model(x, y); save train_loader.sampler.state_dict(consumed=step) with it
+            ...  # loss = model(x, y); now and then save the model, the optimizer and
+            # train_loader.state_dict() together: the state counts the batches this loop received
 
-Importing it imports numpy only (torch where used): a prep step can write token files without torch.
-"""
+len(train_loader) is always a whole epoch's batches; count your steps yourself. Lightning and
+accelerate take these loaders as they are (the README shows how).
+
+Importing it imports numpy only (torch where used): a prep step can write token files without torch."""
 
 from __future__ import annotations
 
@@ -35,7 +40,6 @@ PathLike = str | os.PathLike  # a path, as a str or a Path
 
 if TYPE_CHECKING:
     import torch
-    from torch.utils.data import DataLoader
 
 __all__ = [
     "FORMAT_VERSION",
@@ -45,6 +49,7 @@ __all__ = [
     "open_tokens",
     "NpyTokensDataset",
     "EpochSampler",
+    "EpochLoader",
     "make_dataloaders",
     "verify_across_ranks",
     "to_device",
@@ -540,9 +545,12 @@ class NpyTokensDataset:
         _check_int("epoch", index[0], 0)
         return self._gather(int(index[0]), self._indices(index[1]))
 
-    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A batch of windows gathered in one pass, for DataLoader(ds, batch_size=B)."""
-        x, y = self._gather(0, self._indices(indices))
+    def __getitems__(self, keys: list[int] | tuple) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A batch of windows gathered in one pass: epoch 0's for DataLoader(ds, batch_size=B), or
+        an EpochSampler's (epoch, indices) for DataLoader(ds, batch_sampler=sampler)."""
+        epoch, indices = keys if isinstance(keys, tuple) and len(keys) == 2 else (0, keys)
+        _check_int("epoch", epoch, 0)
+        x, y = self._gather(int(epoch), self._indices(indices))
         return list(zip(x, y))
 
     def _indices(self, keys: list | np.ndarray) -> np.ndarray:
@@ -655,17 +663,22 @@ class SamplerPass:
 
     epoch: int
     start: int  # where in the epoch's order it began (a global position: all ranks' items)
-    items: int  # the indices this rank's pass hands out
-    handed: int = 0  # how many it has handed out so far
+    items: int  # the indices this rank's pass holds
+    handed: int = 0  # how many of them reached the loop so far
 
 
 class EpochSampler:
-    """Batches of window indices for DataLoader(ds, sampler=..., batch_size=None): (epoch,
-    indices), epoch e in an order drawn from (seed, e) alone, rank r of world_size W taking items
-    r, r + W, ... remainder="drop" leaves out the last n % W items, "pad" repeats the first ones.
-    A pass moves to the next epoch when the one before handed out all its batches; workers fetch
-    ahead, so with them a break in the last num_workers * prefetch_factor batches counts as done.
-    set_epoch(e) before each epoch picks it for sure; state_dict(consumed=step) is exact."""
+    """Batches of window indices, (epoch, indices), for DataLoader(ds, sampler=..., batch_size=None).
+    Epoch e's order is drawn from (seed, e) alone. Rank r of world_size W takes the order's items
+    r, r + W, ...; remainder="drop" leaves out the last n % W items, "pad" repeats the first ones.
+
+    Which epoch a pass serves: after a pass that served all its batches, the next epoch from its
+    start; after a pass the loop left early (a break, a peek), the same pass again. set_epoch(e)
+    makes the next pass epoch e from its start, except right after load_state_dict, when only the
+    loaded epoch is accepted and its pass starts at the loaded position. len() is a whole epoch's
+    batches of this rank, also when a resumed pass holds fewer. Inside make_dataloaders' loader a
+    batch is served when the loop receives it; iterated by a plain DataLoader, when it is handed to
+    the workers, which fetch ahead."""
 
     def __init__(
         self,
@@ -687,7 +700,8 @@ class EpochSampler:
             raise ValueError(f'remainder must be "drop" or "pad", got {remainder!r}')
         if (world_size is None) != (rank is None):
             raise ValueError(f"pass both world_size and rank, or neither: {world_size}, {rank}")
-        if world_size is None:  # torch.distributed's, or one process
+        self._world_from_torch = world_size is None  # checked again when each pass begins
+        if world_size is None:
             world_size, rank = _distributed_world()
         _check_int("world_size", world_size, 1)
         _check_int("rank", rank, 0, world_size - 1)
@@ -699,9 +713,9 @@ class EpochSampler:
         self.world_size = int(world_size)
         self.rank = int(rank)
         self.remainder = remainder
-        self._epoch = 0  # the next pass's epoch and start, unless the latest pass went through
+        self._epoch = 0  # the next pass's epoch and start, unless the latest pass was served whole
         self._start = 0
-        self._resumed = False  # a loaded position that no pass has finished yet
+        self._resumed = False  # a loaded position that no pass has served to its end yet
         self._latest: SamplerPass | None = None  # the pass that began last
         fingerprint = getattr(data_source, "fingerprint", None)  # a dataset's files and settings
         self._fingerprint = None if fingerprint is None else fingerprint()
@@ -726,21 +740,23 @@ class EpochSampler:
         return self._epoch, self._start
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass is epoch `epoch`, from its start, even while one runs; after a resume,
-        only the loaded epoch, from the loaded position, until a pass of it ends."""
+        """The next pass is epoch `epoch`, from its start, even while one runs; right after
+        load_state_dict, only the loaded epoch, from the loaded position."""
         _check_int("epoch", epoch, 0)
         resuming = self._resumed and not self._finished()
         if resuming and epoch != self._epoch:
             loaded = f"the loaded state continues epoch {self._epoch} at {self._start}"
-            raise ValueError(f"set_epoch({epoch}), but {loaded}: start from sampler.epoch")
+            lightning = "a Lightning checkpoint saved after fit(max_steps=...) counts it as done"
+            fix = f"start at sampler.epoch ({lightning}: save with ModelCheckpoint instead)"
+            raise ValueError(f"set_epoch({epoch}), but {loaded}: {fix}")
         self._start = self._start if resuming else 0
         self._epoch = int(epoch)
         self._resumed = resuming
         self._latest = None  # a state saved now describes the pass to come
 
     def __len__(self) -> int:
-        """Batches of the next pass: fewer when it resumes an epoch part of the way in."""
-        items = self._share(self.num_samples - self._next_pass()[1])
+        """A whole epoch's batches of this rank."""
+        items = self._share(self.num_samples)
         return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
 
     def _share(self, n: int) -> int:
@@ -764,21 +780,32 @@ class EpochSampler:
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         # A generator: a pass decides its epoch when its first batch is asked for.
-        batches = len(self)
+        current, batches = self._begin()
+        for epoch, indices in batches:
+            current.handed += len(indices)
+            yield epoch, indices
+
+    def _begin(self) -> tuple[SamplerPass, Iterator[tuple[int, np.ndarray]]]:
+        """Begin the next pass: its record, and its batches (which the caller counts)."""
+        if self._world_from_torch and _distributed_world() != (self.world_size, self.rank):
+            world, rank = _distributed_world()
+            made = f"made for rank {self.rank} of {self.world_size}, now rank {rank} of {world}"
+            fix = "make the loaders after torch.distributed.init_process_group (see the README)"
+            raise RuntimeError(f"an EpochSampler {made}: {fix}")
         self._resumed = self._resumed and not self._finished()
         epoch, start = self._next_pass()
-        mine = self.order(epoch, start)[: batches * self.batch_size]  # drop_last: whole batches
-        current = SamplerPass(epoch, start, len(mine))
+        mine = self.order(epoch, start)
+        if self.drop_last:  # whole batches only
+            mine = mine[: len(mine) // self.batch_size * self.batch_size]
         self._epoch = epoch
         self._start = start
-        self._latest = current
-        for lo in range(0, len(mine), self.batch_size):
-            current.handed = min(lo + self.batch_size, len(mine))
-            yield epoch, mine[lo : lo + self.batch_size]
+        self._latest = SamplerPass(epoch, start, len(mine))
+        size = self.batch_size
+        return self._latest, ((epoch, mine[lo : lo + size]) for lo in range(0, len(mine), size))
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """Where the next batch comes from (JSON): after `consumed` batches of the latest pass,
-        `step` of enumerate(loader, 1), or else all it handed out (workers fetch ahead)."""
+        `step` of enumerate(loader, 1), or else all that reached the loop."""
         latest = self._latest or SamplerPass(self._epoch, self._start, 0)
         items = latest.handed
         if consumed is not None:
@@ -819,15 +846,83 @@ class EpochSampler:
 
 
 def _distributed_world() -> tuple[int, int]:
-    """(world_size, rank) of torch.distributed, or (1, 0) outside it."""
+    """(world_size, rank) of torch.distributed, or (1, 0) in a process torchrun did not start."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
+    launched = os.environ.get("WORLD_SIZE", "1")  # torchrun, Lightning and accelerate set it
+    if launched != "1":
+        fix = "call torch.distributed.init_process_group first, or pass world_size and rank"
+        raise RuntimeError(
+            f"WORLD_SIZE={launched}, but torch.distributed is not initialised: {fix}"
+        )
     return 1, 0
 
 
 # ---- 4. Loaders and the device -----------------------------------------------------------------
+
+
+class EpochLoader:
+    """(x, y) batches of an EpochSampler's passes, read by a torch DataLoader (and its workers).
+    It counts the batches your loop receives, so state_dict() is exact with any number of workers,
+    and a pass the loop leaves early is served again, whatever the workers fetched ahead. It is not
+    a DataLoader: Lightning and accelerate rebuild those around samplers of their own (which would
+    split each rank's share again), and take any other iterable with len() as it is."""
+
+    def __init__(
+        self,
+        dataset: NpyTokensDataset,
+        sampler: EpochSampler,
+        *,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        prefetch_factor: int = 2,
+    ) -> None:
+        from torch.utils.data import DataLoader
+
+        self.dataset = dataset
+        self.sampler = sampler
+        self.batch_size = sampler.batch_size
+        self.batch_sampler = None  # as in a DataLoader whose sampler yields whole batches
+        self._pass = _PassIndices()
+        self._workers = (num_workers, prefetch_factor) if num_workers else None  # not started
+        options = {"batch_size": None, "collate_fn": tuple, "num_workers": num_workers}
+        if num_workers:  # DataLoader refuses these two without workers
+            options.update(persistent_workers=True, prefetch_factor=prefetch_factor)
+        self.dataloader = DataLoader(dataset, sampler=self._pass, pin_memory=pin_memory, **options)
+
+    def __len__(self) -> int:
+        """A whole epoch's batches of this rank, as the sampler's."""
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # A generator: the pass begins when its first batch is asked for, after set_epoch.
+        if self._workers is not None:  # descriptors opened since make_dataloaders count too
+            _check_descriptors_for_workers(*self._workers)
+            self._workers = None  # persistent: started once
+        current, batches = self.sampler._begin()
+        self._pass.batches = batches  # what the DataLoader's next iterator reads
+        for x, y in self.dataloader:
+            current.handed += len(x)  # before the loop gets it: a break after it keeps it
+            yield x, y
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next batch comes from, after the batches your loop received (JSON)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where a state_dict() of the same windows, order and seed stopped."""
+        self.sampler.load_state_dict(state)
+
+
+class _PassIndices:
+    """The DataLoader's sampler inside an EpochLoader: the batches of the pass begun last."""
+
+    batches: Iterator[tuple[int, np.ndarray]] = iter(())
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        return self.batches
 
 
 def make_dataloaders(
@@ -841,13 +936,13 @@ def make_dataloaders(
     prefetch_factor: int = 2,
     world_size: int | None = None,
     rank: int | None = None,
-) -> tuple[DataLoader, DataLoader | None]:
+) -> tuple[EpochLoader, EpochLoader | None]:
     """Train (shuffled by seed, drop_last) and validation (in order, every window; or None)
-    DataLoaders of (x, y) batches. No workers by default: for memmaps they cost more than they
-    save. Memory is pinned where CUDA is. Each rank of torch.distributed (or world_size, rank)
-    gets a share, as many steps as the others, once all agree on files and settings."""
+    loaders of (x, y) batches. No workers by default: for memmaps they cost more than they save.
+    Memory is pinned where CUDA is. Each rank of torch.distributed (or world_size, rank) gets a
+    share, as many steps as the others, once all agree on files and settings: under torchrun,
+    Lightning or accelerate, make them after the process group starts."""
     import torch
-    from torch.utils.data import DataLoader
 
     if not isinstance(train, NpyTokensDataset) or not isinstance(
         val, (NpyTokensDataset, type(None))
@@ -869,16 +964,14 @@ def make_dataloaders(
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     if pin and torch.cuda.is_available():
         _check_pinning()
-    options = {"batch_size": None, "collate_fn": tuple, "num_workers": num_workers}
-    if num_workers:  # DataLoader refuses these two without workers
-        options.update(persistent_workers=True, prefetch_factor=prefetch_factor)
+    options = {"num_workers": num_workers, "pin_memory": pin, "prefetch_factor": prefetch_factor}
     common = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
     sampler = EpochSampler(train, shuffle=True, drop_last=True, remainder="drop", **common)
-    train_loader = DataLoader(train, sampler=sampler, pin_memory=pin, **options)
+    train_loader = EpochLoader(train, sampler, **options)
     if val is None:
         return train_loader, None
     sampler = EpochSampler(val, shuffle=False, remainder="pad", **common)
-    return train_loader, DataLoader(val, sampler=sampler, pin_memory=pin, **options)
+    return train_loader, EpochLoader(val, sampler, **options)
 
 
 def _check_descriptors_for_workers(num_workers: int, prefetch_factor: int) -> None:

@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"x[0, :8] = {x[0, :8].tolist()}")
     print(f"y[0, :8] = {y[0, :8].tolist()}   (y is x shifted by one token)")
-    print(f"pinned: {train_loader.pin_memory}, workers: {train_loader.num_workers}")
+    print(
+        f"pinned: {train_loader.dataloader.pin_memory}, workers: {train_loader.dataloader.num_workers}"
+    )
 
     batches, it = 0, iter(train_loader)
     start = time.perf_counter()

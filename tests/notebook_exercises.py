@@ -190,7 +190,7 @@ print(warned[0] if warned else "no warning", "| pinned:", batch[0].is_pinned())
     ("test_the_dataloader", 3): Answer(
         """
 _, val_loader_2 = nd.make_dataloaders(train, val, batch_size=BATCH, num_workers=2)
-val_loader_2.timeout = 60  # a worker that hangs fails the answer
+val_loader_2.dataloader.timeout = 60  # a worker that hangs fails the answer
 firsts_2 = torch.cat([x[:, 0] for x, _ in val_loader_2])
 assert torch.equal(firsts_2, expected)
 print(f"2 workers: {len(firsts_2)} validation windows, in order: {torch.equal(firsts_2, expected)}")
@@ -319,7 +319,7 @@ windows = nd.NpyTokensDataset(
     TOKENS / "train.npy", SEQ_LEN, mode="random", num_samples=EPOCH_WINDOWS, vocab_size=N_VOCAB
 )
 loader, _ = nd.make_dataloaders(windows, batch_size=BATCH, seed=0, num_workers=2)
-loader.timeout = 60  # a worker that hangs fails the answer
+loader.dataloader.timeout = 60  # a worker that hangs fails the answer
 model, opt = make_model(DEVICE, SEQ_LEN)
 with_workers = run(model, opt, loader, load_checkpoint(CHECKPOINT, model, opt, loader))
 worst = max(abs(a - b) for a, b in zip(with_workers["loss"], reference))

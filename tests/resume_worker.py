@@ -5,20 +5,17 @@
 JOB_JSON (a JSON object) gives the loader's settings (build_loader), `epochs`, a `checkpoint` path,
 a `log` path, and optionally `kill_at`, a global step. The run loads the checkpoint if there is
 one, then for every batch appends {"step", "x"} to the log (a JSON line) and replaces the checkpoint
-with {"step", "sampler": state_dict(consumed=step of this pass)}. Once step `kill_at` is saved it
-sends SIGKILL to its DataLoader workers and to itself, as an out-of-memory killer or a preempted
-node would: nothing runs after that, no cleanup and no exit handler.
+with {"step", "sampler": the loader's state_dict()}. Once step `kill_at` is saved it sends SIGKILL
+to its process group (itself and its DataLoader workers, at once), as an out-of-memory killer or a
+preempted node would: nothing runs after that, no cleanup and no exit handler.
 """
 
 import json
-import multiprocessing
 import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
-
-from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_files"))
 import npy_datasets as nd  # noqa: E402 (imported after the sys.path line above)
@@ -26,18 +23,17 @@ import npy_datasets as nd  # noqa: E402 (imported after the sys.path line above)
 WORKER_TIMEOUT = 60  # seconds a worker may take for one batch: it fails a hang, never a slow run
 
 
-def build_loader(job: dict[str, Any]) -> DataLoader:
-    """A dataset and a DataLoader over an EpochSampler, from the job's settings."""
+def build_loader(job: dict[str, Any]) -> nd.EpochLoader:
+    """A dataset and an EpochLoader over an EpochSampler, from the job's settings."""
     ds = nd.NpyTokensDataset(job["paths"], job["seq_len"], **job.get("dataset", {}))
     sampler = nd.EpochSampler(ds, **job["sampler"])
-    workers = job.get("num_workers", 0)
-    extra = {"persistent_workers": True, "prefetch_factor": 2} if workers else {}
-    extra["timeout"] = WORKER_TIMEOUT if workers else 0
-    return DataLoader(ds, sampler=sampler, batch_size=None, num_workers=workers, **extra)
+    loader = nd.EpochLoader(ds, sampler, num_workers=job.get("num_workers", 0))
+    loader.dataloader.timeout = WORKER_TIMEOUT if loader.dataloader.num_workers else 0
+    return loader
 
 
 def record(
-    loader: DataLoader, epochs: int, stop_after: int | None = None
+    loader: nd.EpochLoader, epochs: int, stop_after: int | None = None
 ) -> tuple[list[list[list[int]]], dict]:
     """Every batch's x rows until `stop_after` batches, or until the end of epoch `epochs - 1`, and
     the state after the last batch recorded (the loop's own count: exact with workers too)."""
@@ -59,22 +55,20 @@ def train(job: dict[str, Any]) -> None:
     step = 0  # the global step: batches trained since the first run began
     if checkpoint.exists():
         saved = json.loads(checkpoint.read_text())
-        loader.sampler.load_state_dict(saved["sampler"])
+        loader.load_state_dict(saved["sampler"])
         step = saved["step"]
     with open(job["log"], "a") as log:
         while loader.sampler.epoch < job["epochs"]:
-            for consumed, (x, _) in enumerate(loader, 1):
+            for x, _ in loader:
                 step += 1
                 log.write(json.dumps({"step": step, "x": x.tolist()}) + "\n")
                 log.flush()
-                state = {"step": step, "sampler": loader.sampler.state_dict(consumed=consumed)}
+                state = {"step": step, "sampler": loader.state_dict()}
                 temporary = checkpoint.with_name(checkpoint.name + ".tmp")
                 temporary.write_text(json.dumps(state))
                 os.replace(temporary, checkpoint)  # a kill leaves the old checkpoint or the new
-                if step == job.get("kill_at"):
-                    for worker in multiprocessing.active_children():  # DataLoader's workers
-                        os.kill(worker.pid, signal.SIGKILL)
-                    os.kill(os.getpid(), signal.SIGKILL)
+                if step == job.get("kill_at"):  # tests run this in a process group of its own
+                    os.killpg(0, signal.SIGKILL)
 
 
 if __name__ == "__main__":

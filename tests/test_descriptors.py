@@ -128,4 +128,5 @@ def test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out(arange
             assert re.search(rf"\b{limit}\b", message), message
     assert pinned == [(1,), (1,)]  # one element, before any loader was made
     train, val = nd.make_dataloaders(ds, ds, batch_size=4, pin_memory=False)
-    assert not train.pin_memory and not val.pin_memory and pinned == [(1,), (1,)]
+    assert not train.dataloader.pin_memory and not val.dataloader.pin_memory
+    assert pinned == [(1,), (1,)]

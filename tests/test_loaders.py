@@ -34,7 +34,7 @@ def test_make_dataloaders(arange_file):
     assert seen != sorted(seen) and len(set(seen)) == len(seen)  # shuffled, each window once
     val_starts = [v for x, _ in val_loader for v in x[:, 0].tolist()]
     assert val_starts == [10 * i for i in range(len(val))]  # in order, last short batch kept
-    assert train_loader.pin_memory == torch.cuda.is_available()
+    assert train_loader.dataloader.pin_memory == torch.cuda.is_available()
     with pytest.raises(ValueError, match=r"batch_size\b.*\b0\b"):
         nd.make_dataloaders(train, val, batch_size=0)
     with pytest.raises(ValueError, match=r"batch_size=100\b.*\b99\b"):  # 99 windows, no batch:
@@ -74,7 +74,8 @@ def test_no_pinning_and_no_warning_without_a_gpu(arange_file):
         warnings.simplefilter("error")  # DataLoader(pin_memory=True) warns on a CPU-only machine
         batch = next(iter(train))
         next(iter(val))
-    assert train.pin_memory is False and val.pin_memory is False and not batch[0].is_pinned()
+    assert not train.dataloader.pin_memory and not val.dataloader.pin_memory
+    assert not batch[0].is_pinned()
 
 
 # --- workers ------------------------------------------------------------------------------------
@@ -343,7 +344,7 @@ def test_a_peek_uses_up_no_epoch(arange_file, workers):
     all of epoch 0 from its first batch, then epoch 1."""
     train = nd.NpyTokensDataset(arange_file(2000), 10)  # 199 windows: 24 batches of 8
     loader, _ = nd.make_dataloaders(train, batch_size=8, num_workers=workers)
-    loader.timeout = WORKER_TIMEOUT if workers else 0
+    loader.dataloader.timeout = WORKER_TIMEOUT if workers else 0
     order = np.random.default_rng([0, 0]).permutation(len(train))  # epoch 0's, seed 0
     epoch0 = train[0, order][0][:, 0].tolist()
     peek, _ = next(iter(loader))

@@ -24,7 +24,7 @@ def train_loader(ds: nd.NpyTokensDataset, workers: int) -> DataLoader:
     """make_dataloaders' training loader (persistent workers, prefetch_factor 2), with a timeout
     that fails a hung worker instead of waiting for ever."""
     loader, _ = nd.make_dataloaders(ds, batch_size=BATCH, num_workers=workers, seed=SEED)
-    loader.timeout = WORKER_TIMEOUT if workers else 0
+    loader.dataloader.timeout = WORKER_TIMEOUT if workers else 0
     return loader
 
 
@@ -202,17 +202,18 @@ def break_at_step_4(loader):
             break
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_loop_that_calls_set_epoch_gets_its_epochs_whatever_workers_fetched(arange_file, workers):
-    """Workers fetch num_workers * prefetch_factor = 4 batches ahead: a peek at an epoch of 3
-    batches, or a break at step 4 of 6, has handed out the whole epoch, which then counts as done
-    (the docstring says so). A loop that calls set_epoch(epoch) first gets epochs 0, 1, 2 anyway."""
+    """Workers fetch num_workers * prefetch_factor batches ahead: a peek at an epoch of 3 batches,
+    or a break at step 4 of 6, had the workers fetch the whole epoch, which then counted as done
+    with workers and not without (issue 32). The loader counts what the loop received: the epoch
+    is not done with any worker count, and a loop that calls set_epoch(epoch) gets epochs 0, 1, 2."""
     short = nd.NpyTokensDataset(arange_file(200, name="short.npy"), 8)  # 3 batches of 8 an epoch
     longer = nd.NpyTokensDataset(arange_file(400, name="longer.npy"), 8)  # 6 batches of 8
     for ds, interrupt in ((short, peek), (longer, break_at_step_4)):
         loader = train_loader(ds, workers)
         interrupt(loader)
-        assert loader.sampler.epoch == (1 if workers else 0), interrupt.__name__
+        assert loader.sampler.epoch == 0, interrupt.__name__
         seen = []
         for epoch in range(3):
             loader.sampler.set_epoch(epoch)
@@ -354,3 +355,85 @@ def test_an_order_start_outside_the_epoch_is_refused(arange_file, start):
     sampler = nd.EpochSampler(nd.NpyTokensDataset(arange_file(401), 4), batch_size=5)
     with pytest.raises(ValueError, match=f"start must be from 0 to 100, got {start}"):
         sampler.order(0, start)
+
+
+# --- issue 32: the loader counts what the loop received -----------------------------------------
+
+
+def break_after(loader, steps: int) -> list[list[int]]:
+    taken = []
+    for step, (x, _) in enumerate(loader, 1):
+        taken.append(firsts(x))
+        if step == steps:
+            break
+    return taken
+
+
+def test_the_pass_after_a_break_is_the_same_with_any_worker_count(arange_file):
+    """A 15-batch epoch, a break after batch 13: with workers, which had fetched batches 14 and 15,
+    the next pass used to be epoch 1 (14 and 15 never trained); with none, epoch 0 again. The loader
+    counts the batches the loop received, so every worker count serves epoch 0 again, then 1."""
+    ds = nd.NpyTokensDataset(arange_file(15 * BATCH * 4 + 1), 4)  # 120 windows: 15 batches of 8
+    epochs = [expected_batches(ds, e) for e in range(2)]
+    assert len(epochs[0]) == 15
+    for workers in (0, 1, 2):
+        loader = train_loader(ds, workers)
+        assert break_after(loader, 13) == epochs[0][:13]
+        assert loader.sampler.epoch == 0 and loader.state_dict()["position"] == 13 * BATCH
+        assert full_for(loader) == epochs[0], workers
+        assert full_for(loader) == epochs[1], workers
+
+
+def test_a_resumed_epoch_served_to_its_end_leaves_set_epoch_free(arange_file):
+    """After load_state_dict only the loaded epoch may be set, until a pass of it is served to its
+    end: then any epoch may be set again, also in the middle of the pass after it."""
+    ds = nd.NpyTokensDataset(arange_file(400), 8)  # 6 batches of 8 an epoch
+    first = train_loader(ds, 0)
+    break_after(first, 2)
+    resumed = train_loader(ds, 0)
+    resumed.load_state_dict(first.state_dict())  # epoch 0 after 2 batches
+    assert len(resumed) == 6 and full_for(resumed) == expected_batches(ds, 0)[2:]
+    assert break_after(resumed, 1) == expected_batches(ds, 1)[:1]  # epoch 1, left early
+    resumed.sampler.set_epoch(5)
+    assert full_for(resumed) == expected_batches(ds, 5)
+
+
+def test_len_is_a_whole_epoch_and_zip_range_len_takes_a_resumed_pass_exactly(arange_file):
+    ds = nd.NpyTokensDataset(arange_file(400), 8)
+    first = train_loader(ds, 2)
+    break_after(first, 4)
+    resumed = train_loader(ds, 2)
+    resumed.load_state_dict(first.state_dict())
+    assert len(resumed) == len(first) == 6  # Lightning sizes every epoch with len()
+    assert zip_range_len(resumed) == expected_batches(ds, 0)[4:]  # the rest: the pass ends first
+    assert resumed.sampler.epoch == 1 and zip_range_len(resumed) == expected_batches(ds, 1)
+
+
+def test_a_sampler_made_before_the_process_group_is_refused_when_a_pass_begins(
+    arange_file, monkeypatch
+):
+    """Loaders made before torch.distributed starts serve every rank the whole epoch: under
+    WORLD_SIZE > 1 they are refused when made, and if the group starts later (Lightning's first
+    rank), when a pass begins, naming the fix."""
+    ds = nd.NpyTokensDataset(arange_file(400), 8)
+    loader = train_loader(ds, 0)
+    monkeypatch.setattr(nd, "_distributed_world", lambda: (2, 1))  # the group started since
+    with pytest.raises(RuntimeError, match=r"rank 0 of 1, now rank 1 of 2.*init_process_group"):
+        next(iter(loader))
+    monkeypatch.undo()
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun started it, nothing initialised the group
+    with pytest.raises(RuntimeError, match=r"WORLD_SIZE=2.*init_process_group"):
+        nd.make_dataloaders(ds, batch_size=8)
+    explicit, _ = nd.make_dataloaders(ds, batch_size=8, world_size=2, rank=1)  # given: no check
+    assert len(list(explicit)) == 3
+
+
+def test_an_epoch_sampler_works_as_batch_sampler(arange_file):
+    """EpochSampler is a batch sampler by name and by output: DataLoader(ds, batch_sampler=...)
+    gives the batches sampler=..., batch_size=None gives, also in mode="random"."""
+    ds = nd.NpyTokensDataset(arange_file(400), 8, mode="random", num_samples=40, seed=2)
+    as_sampler = DataLoader(ds, sampler=nd.EpochSampler(ds, batch_size=8), batch_size=None)
+    as_batch_sampler = DataLoader(ds, batch_sampler=nd.EpochSampler(ds, batch_size=8))
+    for _ in range(2):  # two epochs: the epoch reaches the dataset either way
+        expected = [x.tolist() for x, _ in as_sampler]
+        assert [x.tolist() for x, _ in as_batch_sampler] == expected

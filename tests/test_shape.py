@@ -18,7 +18,7 @@ MODULE = ROOT / "python_files" / "npy_datasets.py"
 MAX_LINES = 932
 MAX_FUNCTION_LINES = 50
 MAX_RECORDS = 3  # NamedTuple or dataclass classes
-MAX_PUBLIC = 10  # names in __all__
+MAX_PUBLIC = 11  # names in __all__ (EpochLoader joined for issue 32)
 NEAR = 150  # lines between a private helper with one caller and that caller
 
 SOURCE = MODULE.read_text(encoding="utf-8")
@@ -67,7 +67,7 @@ def test_no_walrus_and_no_state_packed_into_a_tuple():
     assert not walrus and not packed, {"walrus": walrus, "packed state": packed}
 
 
-def test_at_most_three_records_and_ten_public_names():
+def test_at_most_three_records_and_eleven_public_names():
     records = [
         node.name
         for node in TREE.body
