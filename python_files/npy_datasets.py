@@ -300,6 +300,7 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     if verify and not meta:
         raise TokenFileError(f"{path!r} has no sidecar, whose sha256 verify=True compares")
     with open(path, "rb") as f:
+        st = os.fstat(f.fileno())  # the file open now: all below reads it, and _memmap maps it
         head = f.read(PROBE_BYTES)
         layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
         probe = _probe(f, head, st.st_size)
@@ -368,7 +369,7 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
         (2, 0): np.lib.format.read_array_header_2_0,
     }
     try:
-        with open(path, "rb") as f:
+        with io.BytesIO(head) as f:  # the bytes read already: numpy caps a header at 10,000
             version = np.lib.format.read_magic(f)
             if version not in readers:  # 3.0 holds utf-8 field names: never a token array
                 raise ValueError(f"format version {version}, where token files are 1.0 or 2.0")
@@ -407,13 +408,20 @@ def _token_dtype(dtype: Any, where: str) -> np.dtype:
 
 
 def _memmap(file: TokenFile) -> np.memmap:
+    """The checked file's ids, read-only. The path is opened once more and mapped only if the
+    open file is the one checked: another file renamed over the path since then is refused."""
     try:
-        return np.memmap(file.path, file.dtype, "r", offset=file.offset, shape=file.shape)
-    except OSError as error:  # out of descriptors, say: each map holds one
+        with open(file.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity:
+                return np.memmap(f, file.dtype, "r", offset=file.offset, shape=file.shape)
+    except (OSError, ValueError) as error:  # out of descriptors, say: each map holds one
         limit, in_use = _descriptors()
         fix = f": {in_use} in use, the limit is {limit}; raise it (ulimit -n 4096, say)"
-        fix = fix if error.errno in (errno.EMFILE, errno.ENFILE) else ""
-        raise TokenFileError(f"{file.path!r} cannot be mapped ({error.strerror}){fix}") from None
+        fix = fix if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE) else ""
+        reason = getattr(error, "strerror", None) or error  # ValueError: it shrank just now
+        raise TokenFileError(f"{file.path!r} cannot be mapped ({reason}){fix}") from None
+    raise TokenFileError(f"{file.path!r} changed since it was checked: open it again")
 
 
 def _descriptors() -> tuple[int | None, int]:
