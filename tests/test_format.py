@@ -526,3 +526,17 @@ def test_two_writers_and_a_reader_never_mix_one_file_with_another_files_sidecar(
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["problem"] is None and result["served"] > 0, result
+
+
+@pytest.mark.parametrize("version", [1.0, True, None])
+def test_a_format_version_that_is_not_an_integer_is_named_with_a_fix(tmp_path, version):
+    """1.0 and true are not versions: the sidecar is damaged, and a newer module would not help."""
+    path = write_tokens(tmp_path / "t.npy", np.arange(100, dtype=np.uint16))
+    edit = {**json.loads(nd.sidecar_path(path).read_text()), "format_version": version}
+    if version is None:  # a sidecar from before probe_sha256 existed: no format_version change
+        edit = {k: v for k, v in edit.items() if k != "probe_sha256"} | {"format_version": 1}
+    nd.sidecar_path(path).write_text(json.dumps(edit))
+    message = refused(path, nd.TokenFileError, "write the file again (rerun the prep step")
+    assert "copy a newer one" not in message, message
+    named = "'probe_sha256' is missing" if version is None else f"'format_version' is {version!r}"
+    assert named in message, message

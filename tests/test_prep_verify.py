@@ -109,6 +109,7 @@ WRONG_TYPE = {  # a value of another JSON type for each field: true is a bool, n
 }
 JSON_NAME = {str: "string", int: "integer", list: "array", dict: "object"}
 MODULE_CHECKS = ("format", "format_version")  # read_sidecar refuses these in words of their own
+REWRITE = "write the file again (rerun the prep step, or write_tokens)"  # a fix that works
 
 
 @pytest.mark.parametrize("key", [*nd.WRITTEN_FIELDS, *OPTIONAL_FIELDS])
@@ -124,7 +125,7 @@ def test_each_field_of_the_wrong_json_type_fails(tmp_path, capsys, key):
     elif key in OPTIONAL_FIELDS:  # the prep step's own fields: the audit's check
         assert lines[1] == f"{bad}: its sidecar's {wrong}"
     else:  # what write_tokens writes: read_sidecar's check, on every open
-        assert lines[1] == f"{bad}: {str(sidecar_path(bad))!r}: {wrong}"
+        assert lines[1] == f"{bad}: {str(sidecar_path(bad))!r}: {wrong}; {REWRITE}"
 
 
 @pytest.mark.parametrize("key", [k for k in nd.WRITTEN_FIELDS if k not in MODULE_CHECKS])
@@ -133,7 +134,7 @@ def test_each_missing_field_fails_every_open(tmp_path, capsys, key):
     edit_sidecar(path, drop=key)
     kind = JSON_NAME[nd.WRITTEN_FIELDS[key]]
     said = f"{str(sidecar_path(path))!r}: {key!r} is missing: it needs a JSON {kind}"
-    assert verify(capsys, path) == (1, [f"{path}: {said}"])
+    assert verify(capsys, path) == (1, [f"{path}: {said}; {REWRITE}"])
     with pytest.raises(nd.TokenFileError, match=re.escape(said)):
         nd.open_tokens(path)
 
