@@ -11,6 +11,7 @@ proves where it came from, and prints {"scenario": ..., "outcome": ..., ...} on 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -229,7 +230,8 @@ def descriptors(folder: Path, limit: int, held: int, workers: int, prefetch: int
         result.update(outcome="error", type=type(error).__name__, message=str(error))
     print(json.dumps(result), flush=True)
     for child in psutil.Process().children(recursive=True):
-        child.kill()  # workers left in any state: no shutdown to wait for
+        with contextlib.suppress(psutil.NoSuchProcess):  # a worker that has just exited
+            child.kill()  # workers left in any state: no shutdown to wait for
     os._exit(0)
 
 
