@@ -150,8 +150,9 @@ def _write_atomically(
     """New files, renamed over the old ones after the old sidecar: none describes another file."""
     side = sidecar_path(path)
     tag = f"tmp.{os.getpid()}.{secrets.token_hex(4)}"  # .train.npy.tmp.<pid>.<random>
-    tmp = path.with_name(f".{path.name[:200]}.{tag}")
-    side_tmp = path.with_name(f".{path.name[:200]}.json.{tag}")
+    short = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # a name holds 255 bytes
+    tmp = path.with_name(f".{short}.{tag}")
+    side_tmp = path.with_name(f".{short}.json.{tag}")
     try:
         with open(tmp, "x+b") as f:  # "x": never a file, or a link, planted at that name
             meta = _write_ids(f, path, ids, dtype, n_vocab, header)
@@ -197,7 +198,7 @@ def _write_ids(
     count, top, shape = 0, 0, (0,)
     for chunk in chunks:
         tokens = _checked_ids(path, chunk, dtype, n_vocab, most_dims)
-        f.write(memoryview(tokens).cast("B"))
+        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # 1-D: (0, 5) cannot be cast
         count += tokens.size
         top = max(top, int(tokens.max(initial=0)))
         shape = tokens.shape if one_array else (count,)
@@ -227,6 +228,9 @@ def _checked_ids(
     except ValueError:  # numpy refuses a ragged list
         fix = "to write rows of many lengths, pass an iterator of 1-D arrays: iter(rows)"
         raise ValueError(f"{str(path)!r}: ragged ids; {fix}; nothing written") from None
+    except TypeError:  # torch's bfloat16, which numpy has no type for
+        found = getattr(chunk, "dtype", type(chunk).__name__)
+        raise TypeError(f"{str(path)!r}: ids must be integers, not {found}") from None
     if not 1 <= ids.ndim <= most_dims or (ids.size and ids.dtype.kind not in "iu"):
         found = f"{ids.dtype} {ids.shape}"
         valid = "1-D or 2-D (.npy)" if most_dims == 2 else "1-D"
@@ -265,13 +269,15 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f'{str(side)!r} is not a sidecar: it lacks "format": "npy-tokens"')
     version = meta.get("format_version")
-    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
+    if type(version) is int and not 1 <= version <= FORMAT_VERSION:  # 1.0 or true: below
         newer = f"this npy_datasets.py reads 1 to {FORMAT_VERSION}: copy a newer one"
         raise TokenFileError(f"{str(side)!r} has format_version {version!r}; {newer}")
     for key, kind in WRITTEN_FIELDS.items():  # exact: a JSON true is a bool, not an integer
         if type(meta.get(key)) is not kind:
             found = f"is {meta[key]!r:.60}, not" if key in meta else "is missing: it needs"
-            raise TokenFileError(f"{str(side)!r}: {key!r} {found} a JSON {JSON_TYPES[kind]}")
+            problem = f"{key!r} {found} a JSON {JSON_TYPES[kind]}"
+            fix = "write the file again (rerun the prep step, or write_tokens)"
+            raise TokenFileError(f"{str(side)!r}: {problem}; {fix}")
     return meta
 
 
@@ -305,6 +311,7 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     if verify and not meta:
         raise TokenFileError(f"{path!r} has no sidecar, whose sha256 verify=True compares")
     with open(path, "rb") as f:
+        st = os.fstat(f.fileno())  # the file open now: all below reads it, and _memmap maps it
         head = f.read(PROBE_BYTES)
         layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
         probe = _probe(f, head, st.st_size)
@@ -373,7 +380,7 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
         (2, 0): np.lib.format.read_array_header_2_0,
     }
     try:
-        with open(path, "rb") as f:
+        with io.BytesIO(head) as f:  # the bytes read already: numpy caps a header at 10,000
             version = np.lib.format.read_magic(f)
             if version not in readers:  # 3.0 holds utf-8 field names: never a token array
                 raise ValueError(f"format version {version}, where token files are 1.0 or 2.0")
@@ -412,13 +419,20 @@ def _token_dtype(dtype: Any, where: str) -> np.dtype:
 
 
 def _memmap(file: TokenFile) -> np.memmap:
+    """The checked file's ids, read-only. The path is opened once more and mapped only if the
+    open file is the one checked: another file renamed over the path since then is refused."""
     try:
-        return np.memmap(file.path, file.dtype, "r", offset=file.offset, shape=file.shape)
-    except OSError as error:  # out of descriptors, say: each map holds one
+        with open(file.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity:
+                return np.memmap(f, file.dtype, "r", offset=file.offset, shape=file.shape)
+    except (OSError, ValueError) as error:  # out of descriptors, say: each map holds one
         limit, in_use = _descriptors()
-        fix = f": {in_use} in use, the limit is {limit}; raise it (ulimit -n 4096, say)"
-        fix = fix if error.errno in (errno.EMFILE, errno.ENFILE) else ""
-        raise TokenFileError(f"{file.path!r} cannot be mapped ({error.strerror}){fix}") from None
+        fix = f": {in_use} in use, the limit is {limit}; raise it (ulimit -n {_fits(in_use, 1)})"
+        fix = fix if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE) else ""
+        reason = getattr(error, "strerror", None) or error  # ValueError: it shrank just now
+        raise TokenFileError(f"{file.path!r} cannot be mapped ({reason}){fix}") from None
+    raise TokenFileError(f"{file.path!r} changed since it was checked: open it again")
 
 
 def _descriptors() -> tuple[int | None, int]:
@@ -432,6 +446,11 @@ def _descriptors() -> tuple[int | None, int]:
         return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
     except OSError:  # listing them takes one: none is left
         return limit, limit or 0
+
+
+def _fits(in_use: int, needed: int) -> int:
+    """An open-file limit to advise: room for twice what is in use and needed, 4096 at least."""
+    return max(4096, 2 * (in_use + needed))
 
 
 def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
@@ -637,9 +656,9 @@ def _check_worker_descriptors(limit: int | None, in_use: int) -> None:
 
     if get_worker_info() is not None and limit is not None and limit - in_use < LOADER_DESCRIPTORS:
         state = f"a DataLoader worker has {limit - in_use} of {limit} descriptors free"
-        raise TokenFileError(
-            f"{state}, fewer than {LOADER_DESCRIPTORS}: raise the limit (ulimit -n)"
-        )
+        fix = f"raise the limit (ulimit -n {_fits(in_use, LOADER_DESCRIPTORS)})"
+        fix += " or open fewer files after make_dataloaders"
+        raise TokenFileError(f"{state}, fewer than {LOADER_DESCRIPTORS}: {fix}")
 
 
 def _splitmix64(x: Any) -> Any:
@@ -980,7 +999,7 @@ def _check_descriptors_for_workers(num_workers: int, prefetch_factor: int) -> No
     limit, in_use = _descriptors()
     needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * num_workers * prefetch_factor
     if limit is not None and limit - in_use < needed:
-        fix = f"raise it (ulimit -n {max(4096, 2 * (in_use + needed))}) or use num_workers=0"
+        fix = f"raise it (ulimit -n {_fits(in_use, needed)}) or use num_workers=0"
         raise ValueError(
             f"{num_workers} workers need {needed} free descriptors, {in_use} of {limit} used: {fix}"
         )
@@ -995,7 +1014,8 @@ def _check_pinning() -> None:
     except RuntimeError as error:  # torch.AcceleratorError is one
         limit, in_use = _descriptors()
         state = f"{str(error).strip().splitlines()[0]}; {in_use} of {limit} descriptors in use"
-        fix = "raise the open-file limit (ulimit -n 4096) or pass pin_memory=False"
+        fix = f"raise the open-file limit (ulimit -n {_fits(in_use, LOADER_DESCRIPTORS)})"
+        fix += " or pass pin_memory=False"
         raise RuntimeError(f"pinning memory starts CUDA, which failed ({state}): {fix}") from error
 
 

@@ -45,8 +45,6 @@ OWN_OUTPUTS = (".npy.json", ".bin.json")  # the prep step's sidecars: never a do
 BOM = "\ufeff"  # a UTF-8 byte order mark, as Notepad starts a file: not part of the text
 SEPARATOR = ENDOFTEXT.encode()  # a .txt line of only this ends a story (TinyStoriesV2-GPT4-*.txt)
 SEPARATORS = ("auto", "endoftext", "line", "blank-line")  # how a .txt is cut into documents
-NOTE_PARAGRAPH_LINES = 20  # auto read a line a document: a blank line every 20 lines or more is a
-# note's worth (blank-line separated paragraphs); a stray empty line in a long file is not
 LINE_END = re.compile(
     r"\r?\n\Z"
 )  # cut off each document read: "\r\n" or "\n" (a lone "\r" is text)
@@ -189,8 +187,8 @@ def _reading(path: str) -> Iterator[tuple[BinaryIO, Place]]:
 # ---- .txt: cut at <|endoftext|> lines, at blank lines, or at every line end --------------------
 def txt_separators(paths: list[str], separator: str, folder: Path) -> dict[str, str]:
     """Each .txt file's separator: separator itself; for "auto", endoftext where the file holds a
-    line of only <|endoftext|>, else line. The files auto reads a line a document that look
-    blank-line separated are named in one note on stderr (folder: names are relative to it)."""
+    line of only <|endoftext|>, else line. The files auto reads a line a document that have blank
+    lines between lines of text are named in one note on stderr (folder: names are relative to it)."""
     if separator not in SEPARATORS:
         raise ValueError(f"separator must be one of {', '.join(SEPARATORS)}; got {separator!r}")
     chosen = {}
@@ -202,8 +200,8 @@ def txt_separators(paths: list[str], separator: str, folder: Path) -> dict[str, 
             chosen[path] = separator
             continue
         with _reading(path) as (f, place):
-            chosen[path], looks_blank_separated = _auto_separator(f, place)
-        if looks_blank_separated:
+            chosen[path], has_blank_lines = _auto_separator(f, place)
+        if has_blank_lines:
             noted.append(path)
     if noted:
         print(_blank_line_note(_names(folder, noted), len(noted)), file=sys.stderr, flush=True)
@@ -212,37 +210,28 @@ def txt_separators(paths: list[str], separator: str, folder: Path) -> dict[str, 
 
 def _auto_separator(f: BinaryIO, place: Place) -> tuple[str, bool]:
     """("endoftext", False) when f holds a line of only <|endoftext|>; else "line", and whether f
-    looks blank-line separated: two or more paragraphs of several lines, and on average a blank
-    line at least every NOTE_PARAGRAPH_LINES lines of text."""
-    text_lines = 0
-    paragraphs_of_lines = 0  # paragraphs of two or more lines, ended by a blank line or the end
-    blank_runs = 0  # runs of blank lines after a paragraph
-    run = 0  # lines of the paragraph being read
+    has a blank line between two lines of text: paragraphs, perhaps, and a note costs nothing."""
+    text_seen = False  # a line of text so far
+    blank_after_text = False  # a blank line since the last line of text
+    blank_between = False  # a blank line between two lines of text
     for line in f:
         place.number += 1
         content = line.strip().removeprefix(BOM.encode())
         if content == SEPARATOR:
             return "endoftext", False
         if content:
-            text_lines += 1
-            run += 1
-            continue
-        if run:
-            blank_runs += 1
-        if run >= 2:
-            paragraphs_of_lines += 1
-        run = 0
-    if run >= 2:
-        paragraphs_of_lines += 1
-    often = blank_runs * NOTE_PARAGRAPH_LINES >= text_lines
-    return "line", paragraphs_of_lines >= 2 and often
+            blank_between = blank_between or blank_after_text
+            text_seen = True
+            blank_after_text = False
+        else:
+            blank_after_text = text_seen
+    return "line", blank_between
 
 
 def _blank_line_note(names: str, count: int) -> str:
     """One line: these files are read a line a document, and the option that reads paragraphs."""
-    looks, read = ("looks", "is") if count == 1 else ("look", "are")
-    shape = "paragraphs of several lines between blank lines"
-    what = f"{looks} blank-line separated ({shape}) but {read} read a document per line"
+    has, read = ("has", "is") if count == 1 else ("have", "are")
+    what = f"{has} blank lines between lines of text but {read} read a document per line"
     options = (
         "pass --separator blank-line for a document per paragraph, or --separator line to keep "
         "this without the note"

@@ -245,7 +245,8 @@ def write_files(
             meta = _write_staged(staging / name, output, count, pieces)
         except OSError as error:  # a full disk: name the file being made, not its staging copy
             where = str(output.folder / name)
-            raise OSError(error.errno, f"{error.strerror} while writing", where) from error
+            reason = (error.strerror or "").removesuffix(" while writing")  # write_tokens says it
+            raise OSError(error.errno, f"{reason} while writing", where) from error
         metas.append({**meta, "n_docs": count.n_docs - before})
     return metas
 

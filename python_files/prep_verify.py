@@ -4,9 +4,9 @@
 
 Opening a file (open_tokens) checks what a loader needs: each field write_tokens writes, of its JSON
 type, the layout, the size, and the first and last 64 KiB against the sidecar. The audit adds what
-no open pays for: the fields' values and the prep step's own fields, the sha256 of the whole file,
-a scan of every id, and, over the files given together, a shard set with shards missing or
-repeated, and a file given twice.
+no open pays for: the fields' values and the prep step's own fields, the file's name against its
+sidecar's, the sha256 of the whole file, a scan of every id, and, over the files given together, a
+shard set with shards missing or repeated, and a file given twice.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from itertools import islice
 from typing import Any
 
 from npy_datasets import JSON_TYPES, TokenFileError, open_tokens, read_sidecar
+from prep_settings import EOT_PLACEMENTS
 
 OPTIONAL_FIELDS = {  # the prep step writes these; write_tokens, only when it is given them
     "eot_placement": str,
@@ -50,6 +51,9 @@ def verify_files(patterns: Sequence[str]) -> list[Checked]:
     checked = []
     first_seen: dict[str, str] = {}  # realpath -> the path it was first given as
     for pattern in patterns:
+        if not pattern:  # '' names no file: the current folder, whose sidecar would be '.json'
+            checked.append(Checked("''", ["is an empty path: give token files, or a quoted glob"]))
+            continue
         paths = _expand(pattern)
         if not paths:
             checked.append(Checked(pattern, ["matches no file"]))
@@ -91,6 +95,10 @@ def _check_file(path: str) -> Checked:
     problem = _sidecar_problem(meta)
     if problem is not None:
         return Checked(path, [problem])
+    if meta["file"] != os.path.basename(path):  # a glob serves files in the order of their names
+        moved = "renamed, or its sidecar copied from another file: rename it back or write it again"
+        problem = f"its sidecar describes {meta['file']!r}, not {os.path.basename(path)!r}"
+        return Checked(path, [f"{problem} ({moved})"], meta)
     try:
         tokens = open_tokens(path, verify=True)
     except (TokenFileError, OSError) as error:
@@ -120,6 +128,10 @@ def _sidecar_problem(meta: dict[str, Any]) -> str | None:
         if key in meta and type(meta[key]) is not kind:  # exact: a JSON true is a bool
             json_type = {**JSON_TYPES, dict: "object"}[kind]
             return f"its sidecar's {key!r} is {meta[key]!r:.60}, not a JSON {json_type}"
+    if meta.get("eot_placement", EOT_PLACEMENTS[0]) not in EOT_PLACEMENTS:
+        return (
+            f"its sidecar's eot_placement {meta['eot_placement']!r} is not one of {EOT_PLACEMENTS}"
+        )
     shape = meta["shape"]
     if len(shape) not in (1, 2) or not all(type(n) is int and n > 0 for n in shape):
         return f"its sidecar's shape {shape!r:.60} is not 1 or 2 positive integers"

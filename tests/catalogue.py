@@ -422,6 +422,7 @@ CATALOGUE = [
     ),
     Item(85, "prep", "a byte order mark, empty and whitespace-only documents").tried_by(
         PREP_FILES + "test_txt_bom_and_empty_documents_are_skipped_and_counted",
+        PREP_FILES + "test_a_txt_byte_order_mark_is_not_in_the_first_document",
         TOKENIZE + "test_a_byte_order_mark_is_dropped_at_the_start_of_each_document_and_only_there",
         SMALL_INPUTS + "test_an_input_of_empty_documents_is_one_line_naming_it_and_the_counts",
         differs="an empty document is skipped and counted (source.n_empty_docs_skipped), not "
@@ -534,7 +535,8 @@ CATALOGUE = [
         106, "prep", "stories separated by blank lines; a validation split too small to use"
     ).tried_by(
         PREP_FILES + "test_separator_reads_each_form_of_a_txt_and_is_a_setting",
-        PREP_FILES + "test_a_txt_of_a_document_a_line_with_a_few_empty_lines_gets_no_note",
+        PREP_FILES + "test_a_txt_of_a_document_a_line_with_a_few_empty_lines_gets_the_note",
+        PREP_FILES + "test_six_stories_of_25_lines_between_blank_lines_get_the_note",
         SMALL_INPUTS + "test_the_progress_bar_ends_at_its_total_with_empty_documents_among_them",
         SMALL_INPUTS
         + "test_a_validation_split_too_small_for_ten_windows_is_a_warning_naming_val_fraction",

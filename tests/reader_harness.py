@@ -11,6 +11,7 @@ proves where it came from, and prints {"scenario": ..., "outcome": ..., ...} on 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -228,8 +229,10 @@ def descriptors(folder: Path, limit: int, held: int, workers: int, prefetch: int
         traceback.clear_frames(error.__traceback__)
         result.update(outcome="error", type=type(error).__name__, message=str(error))
     print(json.dumps(result), flush=True)
-    for child in psutil.Process().children(recursive=True):
-        child.kill()  # workers left in any state: no shutdown to wait for
+    with contextlib.suppress(psutil.Error, OSError):  # an exited worker; no descriptor for /proc
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):  # a worker that has just exited
+                child.kill()  # workers left in any state: no shutdown to wait for
     os._exit(0)
 
 

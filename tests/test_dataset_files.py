@@ -444,7 +444,7 @@ def test_a_hot_file_stays_mapped_while_cold_ones_take_turns(tmp_path, monkeypatc
     opened = []
     real = np.memmap
     monkeypatch.setattr(
-        nd.np, "memmap", lambda p, *a, **k: opened.append(Path(p).name) or real(p, *a, **k)
+        nd.np, "memmap", lambda f, *a, **k: opened.append(Path(f.name).name) or real(f, *a, **k)
     )
     for batch in batches:
         ds[0, batch]
@@ -459,10 +459,10 @@ def test_a_worker_whose_maps_fill_the_cap_closes_the_least_recently_used(tmp_pat
     log = tmp_path / "maps.log"
     real = np.memmap
 
-    def logged(path, *args, **kwargs):
+    def logged(file, *args, **kwargs):  # the open file the module checked
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {Path(path).name}\n")
-        return real(path, *args, **kwargs)
+            f.write(f"{os.getpid()} {Path(file.name).name}\n")
+        return real(file, *args, **kwargs)
 
     monkeypatch.setattr(nd, "MAX_OPEN_FILES", 2)
     monkeypatch.setattr(nd.np, "memmap", logged)

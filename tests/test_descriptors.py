@@ -4,8 +4,10 @@ naming the open-file limit and the fix, never a hang (issues 26 and 27)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import pickle
 import queue
 import re
 import signal
@@ -93,7 +95,8 @@ def test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit(
     if result["outcome"] == "error":
         assert result["type"] in ("ValueError", "TokenFileError", "RuntimeError"), result
         assert re.search(rf"\b{limit}\b", result["message"]), result  # the limit, by its value
-        assert "ulimit -n" in result["message"], result  # and the fix
+        advised = re.search(r"ulimit -n (\d+)", result["message"])  # and a fix that works
+        assert advised and int(advised[1]) > limit, result
         return
     every = {100 * i + 8 * k for i in range(300) for k in range(6)}
     starts = result["starts"]
@@ -130,3 +133,31 @@ def test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out(arange
     train, val = nd.make_dataloaders(ds, ds, batch_size=4, pin_memory=False)
     assert not train.dataloader.pin_memory and not val.dataloader.pin_memory
     assert pinned == [(1,), (1,)]
+
+
+def test_each_descriptor_refusal_advises_a_limit_above_the_count_in_use(arange_file, monkeypatch):
+    """8,190 of 8,192 descriptors in use: a map that runs out, a worker with too few free and
+    make_dataloaders' check each advise `ulimit -n` of more than is in use (a map said 4096)."""
+    ds = nd.NpyTokensDataset(arange_file(1000), 8)
+    monkeypatch.setattr(nd, "_descriptors", lambda: (8192, 8190))
+
+    def out_of_descriptors(*args, **kwargs):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    messages = []
+    with monkeypatch.context() as patch:  # a DataLoader worker's first map, first: it checks once
+        patch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+        with pytest.raises(nd.TokenFileError) as info:
+            pickle.loads(pickle.dumps(ds))[0]
+        messages.append(str(info.value))
+    with monkeypatch.context() as patch:
+        patch.setattr(nd.np, "memmap", out_of_descriptors)
+        with pytest.raises(nd.TokenFileError) as info:
+            ds[0]
+        messages.append(str(info.value))
+    with pytest.raises(ValueError) as info:
+        nd.make_dataloaders(ds, batch_size=4, num_workers=2, pin_memory=False)
+    messages.append(str(info.value))
+    for message in messages:
+        advised = re.search(r"ulimit -n (\d+)", message)
+        assert "8192" in message and advised and int(advised[1]) > 8190 + 16, message

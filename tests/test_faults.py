@@ -269,6 +269,7 @@ def test_file_size_limit_fails_clearly_and_keeps_the_old_output(tmp_path, pt, da
     line = next((line for line in err.splitlines() if line.startswith(error)), None)
     assert code == 1 and line, err[-2000:]
     assert f"{out / 'train.npy'}" in line and ".prepare_tokens" not in line  # not its staging copy
+    assert line == f"{error} while writing: {str(out / 'train.npy')!r}", line  # said once
     assert "Traceback" not in err
     # untouched, and the partial temp file and the staging folder removed
     assert finals(out) == reference and temps(out) == []

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import npy_datasets as nd
-from conftest import ROOT, refused, write_tokens
+from conftest import ROOT, refused, run_process, write_tokens
 
 # --- paths --------------------------------------------------------------------------------------
 
@@ -433,3 +433,110 @@ def test_verify_without_a_sidecar_is_refused_before_the_file_is_read(tmp_path, m
     np.save(bare, np.arange(100, dtype=np.uint16))
     monkeypatch.setattr(nd.hashlib, "file_digest", lambda *a: pytest.fail("hashed all the same"))
     refused(bare, nd.TokenFileError, "has no sidecar", "verify=True", verify=True)
+
+
+# --- issue 33: the file checked is the file mapped ----------------------------------------------
+
+
+def test_a_file_renamed_over_the_path_just_before_the_map_is_never_served(tmp_path, monkeypatch):
+    """Another writer renames a new file over the path after the checks, just before the map
+    (np.memmap's first line, here): open_tokens and the dataset's lazy map serve the checked
+    file's ids or refuse naming the file, never the new file's ids under the old sidecar."""
+    path = write_tokens(tmp_path / "t.npy", np.arange(1000, dtype=np.uint32))
+    real_memmap = np.memmap
+    swaps = []
+
+    def swap_then_map(*args, **kwargs):
+        fresh = write_tokens(tmp_path / "fresh.npy", np.full(1000, 7, dtype=np.uint32))
+        os.replace(fresh, path)
+        swaps.append(path)
+        return real_memmap(*args, **kwargs)
+
+    for open_and_read in (
+        lambda: nd.open_tokens(path)[:9],
+        lambda: nd.NpyTokensDataset(path, 8)[0][0],
+    ):
+        write_tokens(path, np.arange(1000, dtype=np.uint32))
+        monkeypatch.setattr(np, "memmap", swap_then_map)
+        try:
+            ids = np.asarray(open_and_read()).tolist()
+        except nd.TokenFileError as error:
+            assert repr(str(path)) in str(error), error
+        else:
+            assert ids[:8] == list(range(8)), ids  # the checked file's ids, not the 7s
+        monkeypatch.setattr(np, "memmap", real_memmap)
+    assert len(swaps) == 2  # each map happened after the swap
+
+
+RACE = """
+import json, os, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import npy_datasets as nd
+path, role = sys.argv[2], sys.argv[3]
+deadline = time.monotonic() + 15
+if role != "reader":  # a writer: files of its own id and length, renamed over the path
+    value, n = (1, 300_000) if role == "a" else (2, 100_000)
+    while time.monotonic() < deadline and not os.path.exists(path + ".done"):
+        nd.write_tokens(path, np.full(n, value, np.uint16), n_vocab=50257, tokenizer="t",
+                        eot_id=0, value=value)
+    sys.exit(0)
+seen = []  # the sidecar each open read and checked
+read = nd.read_sidecar
+nd.read_sidecar = lambda p: seen.append(read(p)) or seen[-1]
+counts = {"served": 0, "refused": 0, "problem": None}
+for i in range(2000):
+    if time.monotonic() > deadline:
+        break
+    seen.clear()
+    try:
+        ids = np.asarray(nd.open_tokens(path, verify=i % 2 == 0))
+    except Exception as error:
+        if path not in str(error):  # the file, or its sidecar, by name
+            counts["problem"] = f"a bare {type(error).__name__}: {error}"
+            break
+        counts["refused"] += 1
+        continue
+    meta = seen[-1] if seen else None
+    if meta is not None and (ids.size != meta["n_tokens"] or set(np.unique(ids)) != {meta["value"]}):
+        counts["problem"] = f"ids {np.unique(ids)} under a sidecar of {meta['value']}s"
+        break
+    counts["served"] += 1
+open(path + ".done", "w").close()
+print(json.dumps(counts))
+"""
+
+
+def test_two_writers_and_a_reader_never_mix_one_file_with_another_files_sidecar(tmp_path):
+    """Two processes rename new files (other ids, other lengths) over one path in a loop while a
+    third opens it (verify=True and False): each open serves the ids its checked sidecar
+    describes, or refuses naming the file; never another file's ids, never a bare error."""
+    path = str(tmp_path / "race.npy")
+    python = [sys.executable, "-c", RACE, str(ROOT / "python_files"), path]
+    nd.write_tokens(
+        path, np.full(10, 1, np.uint16), n_vocab=50257, tokenizer="t", eot_id=0, value=1
+    )
+    writers = [subprocess.Popen([*python, role]) for role in "ab"]
+    try:
+        proc = run_process([*python, "reader"])
+    finally:
+        Path(path + ".done").touch()
+        for writer in writers:
+            writer.wait(timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["problem"] is None and result["served"] > 0, result
+
+
+@pytest.mark.parametrize("version", [1.0, True, None])
+def test_a_format_version_that_is_not_an_integer_is_named_with_a_fix(tmp_path, version):
+    """1.0 and true are not versions: the sidecar is damaged, and a newer module would not help."""
+    path = write_tokens(tmp_path / "t.npy", np.arange(100, dtype=np.uint16))
+    edit = {**json.loads(nd.sidecar_path(path).read_text()), "format_version": version}
+    if version is None:  # a sidecar from before probe_sha256 existed: no format_version change
+        edit = {k: v for k, v in edit.items() if k != "probe_sha256"} | {"format_version": 1}
+    nd.sidecar_path(path).write_text(json.dumps(edit))
+    message = refused(path, nd.TokenFileError, "write the file again (rerun the prep step")
+    assert "copy a newer one" not in message, message
+    named = "'probe_sha256' is missing" if version is None else f"'format_version' is {version!r}"
+    assert named in message, message

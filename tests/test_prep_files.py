@@ -194,7 +194,7 @@ def test_separator_reads_each_form_of_a_txt_and_is_a_setting(tmp_path, enc, caps
     assert results["train"].meta["source"]["separator"] == "auto"
     notes = capsys.readouterr().err.splitlines()
     assert len(notes) == 1, notes  # once, though each file is read more than once
-    assert notes[0].startswith("note: train.txt, validation.txt look blank-line separated")
+    assert notes[0].startswith("note: train.txt, validation.txt have blank lines between lines")
     assert "--separator blank-line" in notes[0] and "--separator line" in notes[0]
 
     write_jsonl(tmp_path / "json" / "train.jsonl", [{"text": "a"}, {"text": "b"}])
@@ -204,15 +204,52 @@ def test_separator_reads_each_form_of_a_txt_and_is_a_setting(tmp_path, enc, caps
         prepare(folder, tmp_path / "out", separator="paragraph")
 
 
-def test_a_txt_of_a_document_a_line_with_a_few_empty_lines_gets_no_note(tmp_path, capsys):
+NOTE = "note: stories.txt has blank lines between lines of text but is read a document per line"
+
+
+def test_a_txt_of_a_document_a_line_with_a_few_empty_lines_gets_the_note(tmp_path, capsys):
+    """Any blank line between lines of text is worth the note, which costs nothing; blank lines
+    only at the start or the end are not, and --separator line keeps the reading without it."""
     texts = [f"Story {i}: the dog ran to the park." for i in range(60)]
-    texts[20] = texts[41] = ""  # two empty documents among sixty: not paragraphs
+    texts[20] = texts[41] = ""  # two empty documents among sixty
     (tmp_path / "stories.txt").write_text("\n".join(texts) + "\n")
     results = prepare(tmp_path / "stories.txt", tmp_path / "out", splits=["train", "validation"])
     n_docs = sum(result.meta["n_docs"] for result in results.values())
     skipped = sum(result.meta["source"]["n_empty_docs_skipped"] for result in results.values())
     assert (n_docs, skipped) == (58, 2)
+    assert capsys.readouterr().err.startswith(NOTE)
+    prepare(tmp_path / "stories.txt", tmp_path / "line", splits=["train"], separator="line")
+    (tmp_path / "stories.txt").write_text("\n\n" + "\n".join(texts[:20]) + "\n\n\n")
+    prepare(tmp_path / "stories.txt", tmp_path / "edges", splits=["train", "validation"])
     assert "note:" not in capsys.readouterr().err
+
+
+def test_six_stories_of_25_lines_between_blank_lines_get_the_note(tmp_path, capsys):
+    """Six blank-line separated stories of 25 lines: read as 150 one-line documents, with the note
+    that names --separator blank-line (one blank line in 30 lines)."""
+    stories = ["\n".join(f"Story {s}, line {i}: the dog ran." for i in range(25)) for s in range(6)]
+    (tmp_path / "stories.txt").write_text("\n\n".join(stories) + "\n")
+    results = prepare(tmp_path / "stories.txt", tmp_path / "out", splits=["train", "validation"])
+    assert sum(result.meta["n_docs"] for result in results.values()) == 150
+    err = capsys.readouterr().err
+    assert err.startswith(NOTE) and "--separator blank-line" in err, err
+
+
+@pytest.mark.parametrize("separator", ["auto", "line", "blank-line", "endoftext"])
+def test_a_txt_byte_order_mark_is_not_in_the_first_document(tmp_path, separator):
+    """Notepad starts a file with a BOM: reading the .txt drops it, whatever the separator, so the
+    first document starts with its text, and a BOM before a blank line makes no document."""
+    path = tmp_path / "bom.txt"
+    path.write_bytes("\ufeffOnce upon a time.\nThe end.\n".encode())
+    tables = prep_files.read_documents([str(path)], "text", {str(path): separator})
+    documents = [text for table in tables for text in table.column("text").to_pylist()]
+    one = ["Once upon a time.\nThe end."]
+    assert documents == (one if separator in ("blank-line", "endoftext") else one[0].split("\n"))
+    path.write_bytes("\ufeff\nOnce upon a time.\n".encode())
+    tables = prep_files.read_documents([str(path)], "text", {str(path): "blank-line"})
+    assert [text for table in tables for text in table.column("text").to_pylist()] == [
+        "Once upon a time."
+    ]
 
 
 def test_a_categorical_parquet_text_column_is_read_as_text(tmp_path, enc):

@@ -109,6 +109,7 @@ WRONG_TYPE = {  # a value of another JSON type for each field: true is a bool, n
 }
 JSON_NAME = {str: "string", int: "integer", list: "array", dict: "object"}
 MODULE_CHECKS = ("format", "format_version")  # read_sidecar refuses these in words of their own
+REWRITE = "write the file again (rerun the prep step, or write_tokens)"  # a fix that works
 
 
 @pytest.mark.parametrize("key", [*nd.WRITTEN_FIELDS, *OPTIONAL_FIELDS])
@@ -124,7 +125,7 @@ def test_each_field_of_the_wrong_json_type_fails(tmp_path, capsys, key):
     elif key in OPTIONAL_FIELDS:  # the prep step's own fields: the audit's check
         assert lines[1] == f"{bad}: its sidecar's {wrong}"
     else:  # what write_tokens writes: read_sidecar's check, on every open
-        assert lines[1] == f"{bad}: {str(sidecar_path(bad))!r}: {wrong}"
+        assert lines[1] == f"{bad}: {str(sidecar_path(bad))!r}: {wrong}; {REWRITE}"
 
 
 @pytest.mark.parametrize("key", [k for k in nd.WRITTEN_FIELDS if k not in MODULE_CHECKS])
@@ -133,7 +134,7 @@ def test_each_missing_field_fails_every_open(tmp_path, capsys, key):
     edit_sidecar(path, drop=key)
     kind = JSON_NAME[nd.WRITTEN_FIELDS[key]]
     said = f"{str(sidecar_path(path))!r}: {key!r} is missing: it needs a JSON {kind}"
-    assert verify(capsys, path) == (1, [f"{path}: {said}"])
+    assert verify(capsys, path) == (1, [f"{path}: {said}; {REWRITE}"])
     with pytest.raises(nd.TokenFileError, match=re.escape(said)):
         nd.open_tokens(path)
 
@@ -289,3 +290,40 @@ def test_a_prep_runs_incomplete_or_reordered_shards(tmp_path, capsys):
     ]
     in_any_order = list(reversed(shards))
     assert verify(capsys, *in_any_order) == (0, [f"{p}: OK" for p in in_any_order])
+
+
+# --- issue 33: names, eot_placement, an empty pattern ---------------------------------------------
+
+
+def test_a_renamed_shard_and_a_sidecar_copied_beside_another_file_fail(tmp_path, capsys):
+    """The set is complete by index, but the glob serves shards in name order: a shard renamed
+    (2 to 99) fails, and so does a sidecar copied beside another file of the same ids."""
+    shards = shard_set(tmp_path / "set", 3)
+    for source in (shards[2], sidecar_path(shards[2])):
+        source.rename(str(source).replace("000002", "000099"))
+    renamed = tmp_path / "set" / "train_000099.npy"
+    code, lines = verify(capsys, tmp_path / "set" / "train_*.npy")
+    moved = "(renamed, or its sidecar copied from another file: rename it back or write it again)"
+    said = f"its sidecar describes 'train_000002.npy', not 'train_000099.npy' {moved}"
+    assert code == 1 and lines == [f"{shards[0]}: OK", f"{shards[1]}: OK", f"{renamed}: {said}"]
+    one, other = token_file(tmp_path, "one.npy"), token_file(tmp_path, "other.npy")
+    shutil.copy(sidecar_path(one), sidecar_path(other))  # the same ids: every byte check passes
+    code, lines = verify(capsys, other)
+    said = f"its sidecar describes 'one.npy', not 'other.npy' {moved}"
+    assert code == 1 and lines == [f"{other}: {said}"]
+
+
+def test_an_eot_placement_that_is_neither_prepend_nor_append_fails(tmp_path, capsys):
+    good = token_file(tmp_path, "good.npy", eot_placement="append")
+    bad = token_file(tmp_path, "bad.npy", eot_placement="middle")
+    said = "its sidecar's eot_placement 'middle' is not one of ('prepend', 'append')"
+    assert verify(capsys, good, bad) == (1, [f"{good}: OK", f"{bad}: {said}"])
+
+
+def test_an_empty_pattern_is_answered_with_one_line(tmp_path, capsys):
+    path = token_file(tmp_path)
+    said = "'': is an empty path: give token files, or a quoted glob"
+    assert verify(capsys, "", path) == (1, [said, f"{path}: OK"])
+    command = [sys.executable, "python_files/prepare_tokens.py", "--verify", ""]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, said + "\n", "")

@@ -15,7 +15,7 @@ MODULE = ROOT / "python_files" / "npy_datasets.py"
 # process sizing its maps by the descriptors free in it, a worker's refusal, the pinning check, the
 # epoch rule's pass record), and readers' and reviewers' bug reports added checks;
 # docs/maintainers.md gives the trade. The ceiling keeps the file from growing back.
-MAX_LINES = 932
+MAX_LINES = 1043
 MAX_FUNCTION_LINES = 50
 MAX_RECORDS = 3  # NamedTuple or dataclass classes
 MAX_PUBLIC = 11  # names in __all__ (EpochLoader joined for issue 32)

@@ -250,3 +250,36 @@ def test_torch_tensors_are_arrays_to_write(tmp_path):
     rows = nd.write_tokens(tmp_path / "rows.npy", torch.arange(12).view(3, 4), **WRITER)
     assert (flat["shape"], rows["shape"]) == ([12], [3, 4])
     assert nd.open_tokens(tmp_path / "rows.npy").tolist() == torch.arange(12).view(3, 4).tolist()
+
+
+# --- issue 33: every refusal names the file; every legal name is written --------------------------
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [np.zeros((0, 5), dtype=np.uint16), np.zeros((5, 0), dtype=np.uint16), "bfloat16"],
+    ids=["0x5", "5x0", "bfloat16"],
+)
+def test_empty_rows_and_a_bfloat16_tensor_are_refused_naming_the_file(tmp_path, ids):
+    import torch
+
+    ids = torch.arange(5).to(torch.bfloat16) if isinstance(ids, str) else ids
+    path = tmp_path / "t.npy"
+    nd.write_tokens(path, np.arange(30) % 50, **WRITER)
+    before = saved(tmp_path)
+    with pytest.raises((ValueError, TypeError)) as info:
+        nd.write_tokens(path, ids, **WRITER)
+    message = str(info.value)
+    assert message.startswith(repr(str(path))), message
+    assert "bfloat16" in message if isinstance(ids, torch.Tensor) else "no token ids" in message
+    assert saved(tmp_path) == before  # the old file and sidecar, as they were
+
+
+def test_a_name_of_244_utf8_bytes_is_written_and_opens(tmp_path):
+    """The filesystem takes 255 bytes a name: the hidden temporary names keep at most 200 bytes
+    of it, not 200 characters (600 bytes here)."""
+    name = "文" * 80 + ".npy"
+    assert len(name.encode()) == 244
+    meta = nd.write_tokens(tmp_path / name, np.arange(30) % 50, **WRITER)
+    assert meta["file"] == name and nd.open_tokens(tmp_path / name).tolist() == list(range(30))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name, name + ".json"]
