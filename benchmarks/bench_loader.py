@@ -49,11 +49,11 @@ def token_file(n_tokens: int) -> Path:
     return path
 
 
-def old_module() -> Any | None:
-    """npy_datasets.py as of OLD_COMMIT, imported as old_npy_datasets; None where git cannot give it."""
+def old_module(commit: str = OLD_COMMIT) -> Any | None:
+    """npy_datasets.py as of commit, imported as old_npy_datasets; None where git cannot give it."""
     try:
         source = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{OLD_COMMIT}:python_files/npy_datasets.py"],
+            ["git", "-C", str(ROOT), "show", f"{commit}:python_files/npy_datasets.py"],
             capture_output=True,
             text=True,
             check=True,
@@ -282,13 +282,14 @@ def main() -> None:
         action="store_true",
         help="also time 200 shuffled shards, MAX_OPEN_FILES 64 vs default",
     )
+    parser.add_argument("--old", default=OLD_COMMIT, help=f"the old module's commit ({OLD_COMMIT})")
     parser.add_argument(
         "--repeats", type=int, default=None, help="turns per entry (default 5, quick 2)"
     )
     args = parser.parse_args()
     path = token_file(10_000_000 if args.quick else 100_000_000)
     repeats, seconds = args.repeats or (2 if args.quick else 5), 0.5 if args.quick else 2.0
-    old = old_module()
+    old = old_module(args.old)
     print(
         f"torch {torch.__version__}, numpy {np.__version__}, {path.name}, {repeats} turns of {seconds} s each"
     )
