@@ -276,12 +276,12 @@ CATALOGUE = [
         SAMPLER + "test_a_loop_that_takes_exactly_len_batches_moves_on_to_the_next_epoch",
         SAMPLER + "test_set_epoch_during_a_pass_chooses_the_pass_after_it",
         SAMPLER + "test_a_loop_that_calls_set_epoch_gets_its_epochs_whatever_workers_fetched",
-        differs="nothing to forget and so no warning: a pass over EpochSampler after one that handed "
-        "out all its batches (a loop that takes exactly len(loader) of them too) is the next epoch, "
-        "one left early starts the same epoch again, and set_epoch chooses one, even while a pass "
-        "runs; DataLoader workers fetch ahead, so with them a break that leaves at most "
-        "num_workers * prefetch_factor batches counts as done, and a loop that calls set_epoch "
-        "gets its epochs regardless; torch's DistributedSampler still needs set_epoch",
+        SAMPLER + "test_the_pass_after_a_break_is_the_same_with_any_worker_count",
+        differs="nothing to forget and so no warning: a pass after one whose batches the loop all "
+        "received (a loop that takes exactly len(loader) of them too) is the next epoch, one left "
+        "early is served again, and set_epoch chooses one, even while a pass runs; the loader "
+        "counts what the loop received, so DataLoader workers, which fetch ahead, change nothing; "
+        "torch's DistributedSampler still needs set_epoch",
     ),
     Item(53, "distributed", "ranks with different seeds or files").tried_by(
         LOADERS + "test_torchrun_ranks_that_disagree_all_fail_naming_the_rank"
@@ -482,9 +482,8 @@ CATALOGUE = [
     Item(98, "workers", "a peek at one batch before the training loop").tried_by(
         LOADERS + "test_a_peek_uses_up_no_epoch",
         differs="a pass left early does not count as an epoch: the loop after a peek starts "
-        "epoch 0 from its first batch, as DataLoader with DistributedSampler does, unless "
-        "DataLoader workers fetched the whole epoch (num_workers * prefetch_factor batches or "
-        "fewer): then the loop gets epoch 1, and set_epoch(0) picks epoch 0",
+        "epoch 0 from its first batch, as DataLoader with DistributedSampler does, also when "
+        "DataLoader workers fetched the whole epoch (the loader counts what the loop received)",
     ),
     # --- issues 25 to 28: one writer, epochs that count, descriptors, your own text ---
     Item(
@@ -495,9 +494,10 @@ CATALOGUE = [
         SAMPLER + "test_a_loop_that_takes_exactly_len_batches_moves_on_to_the_next_epoch",
         SAMPLER + "test_a_loop_that_calls_set_epoch_gets_its_epochs_whatever_workers_fetched",
         RESUME + "test_a_state_saved_at_a_break_is_exact_whatever_workers_fetched",
-        differs="a pass moves on when the one before handed out all its batches; with workers "
-        "that includes a break in an epoch's last num_workers * prefetch_factor batches, so the "
-        "README's loop calls set_epoch(epoch) and saves state_dict(consumed=step), both exact",
+        SAMPLER + "test_the_pass_after_a_break_is_the_same_with_any_worker_count",
+        differs="a pass moves on when the loop received all the batches of the one before, with "
+        "any number of workers; the README's loop calls set_epoch(epoch) and saves the loader's "
+        "state_dict(), both exact",
     ),
     Item(100, "params", "set_epoch called while a pass is running").tried_by(
         SAMPLER + "test_set_epoch_during_a_pass_chooses_the_pass_after_it"
