@@ -185,3 +185,26 @@ def test_torchdata_stateful_dataloader_resumes_exactly(folder, workers):
     for stop in (7, 20, 33):
         head, state = run(stop=stop)
         assert head + run(state)[0] == whole, stop
+
+
+def test_a_lightning_checkpoint_saved_after_max_steps_is_refused_naming_the_fix(folder, tmp_path):
+    """trainer.save_checkpoint after fit(max_steps=12) counts the stopped epoch as done, while the
+    loader's state continues it: the resumed fit stops at once, naming ModelCheckpoint, instead of
+    skipping the rest of the epoch or serving it as the next one."""
+    import lightning as L
+
+    sys.path.insert(0, str(ROOT / "python_files"))
+    from lightning_example import TinyModel, TokenData
+
+    quiet = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+    options = {"accelerator": "cpu", "devices": 1, "enable_checkpointing": False, **quiet}
+    trainer = L.Trainer(max_steps=12, **options)  # 12 of epoch 0's 20 batches
+    trainer.fit(TinyModel(1000), datamodule=TokenData(folder, SEQ, BATCH))
+    trainer.save_checkpoint(tmp_path / "after_12.ckpt")
+    resumed = L.Trainer(max_steps=30, **options)
+    with pytest.raises(ValueError, match=r"set_epoch\(1\), but .* epoch 0 at 48.*ModelCheckpoint"):
+        resumed.fit(
+            TinyModel(1000),
+            datamodule=TokenData(folder, SEQ, BATCH),
+            ckpt_path=tmp_path / "after_12.ckpt",
+        )
