@@ -278,7 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     model, opt = make_model(device, meta["n_vocab"], *sizes, lr=args.lr)
     weights = sum(p.numel() for p in model.parameters())
     vocab = f"{meta['n_vocab']:,} ids of {meta['tokenizer']}"
-    print(f"{weights:,} weights on {device} for {vocab}; {len(train_loader):,} batches an epoch")
+    print(
+        f"{weights:,} weights on {device} for {vocab}; {len(train_loader):,} batches an epoch",
+        flush=True,
+    )
     step = 0 if args.resume is None else resume(args, model, opt, train_loader)
     if step >= args.steps:
         raise SystemExit(
