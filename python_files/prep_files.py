@@ -48,6 +48,7 @@ SEPARATORS = ("auto", "endoftext", "line", "blank-line")  # how a .txt is cut in
 LINE_END = re.compile(
     r"\r?\n\Z"
 )  # cut off each document read: "\r\n" or "\n" (a lone "\r" is text)
+LINE_ENDINGS = re.compile(rb"\r\n?")  # Windows' "\r\n" and old Macs' lone "\r": read as "\n"
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # from a JSON escape such as "\ud800": not text
 READ_ERRORS = (OSError, EOFError, ValueError, csv.Error, zlib.error, lzma.LZMAError)
 TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)  # Arrow text
@@ -147,14 +148,18 @@ def _names(folder: Path, paths: list[str]) -> str:
 
 # ---- Reading: one file after another, in tables of CHUNK_DOCS documents -----------------------
 def read_documents(
-    paths: list[str], column: str, separators: Mapping[str, str] | None = None
+    paths: list[str],
+    column: str,
+    separators: Mapping[str, str] | None = None,
+    keep_line_endings: bool = False,
 ) -> Iterator[pa.Table]:
     """The documents of local data files, in order, in tables of up to CHUNK_DOCS rows; a fault is
     a ValueError naming the file and its line (or row). separators: each .txt file's separator
-    (txt_separators); a file it does not name is read as "auto"."""
+    (txt_separators); a file it does not name is read as "auto". keep_line_endings: a .txt's
+    "\\r\\n" and lone "\\r" stay as they are (False: read as "\\n", as Python's text mode does)."""
     for path in paths:
         separator = "auto" if separators is None else separators.get(path, "auto")
-        texts = _file_documents(path, column, separator)
+        texts = _file_documents(path, column, separator, keep_line_endings)
         batch = list(islice(texts, CHUNK_DOCS))
         if not batch:
             raise ValueError(f"cannot read {path}: it holds no documents")
@@ -163,11 +168,15 @@ def read_documents(
             batch = list(islice(texts, CHUNK_DOCS))
 
 
-def _file_documents(path: str, column: str, separator: str = "auto") -> Iterator[str]:
+def _file_documents(
+    path: str, column: str, separator: str = "auto", keep_line_endings: bool = False
+) -> Iterator[str]:
     """The documents of one file, read by its format."""
     reader = READERS[file_format(path)]
     if reader is _txt_documents:  # the one format with no column: cut by separator instead
-        reader = functools.partial(_txt_documents, separator=separator)
+        reader = functools.partial(
+            _txt_documents, separator=separator, keep_line_endings=keep_line_endings
+        )
     with _reading(path) as (f, place):
         yield from reader(f, column, place)
 
@@ -185,10 +194,13 @@ def _reading(path: str) -> Iterator[tuple[BinaryIO, Place]]:
 
 
 # ---- .txt: cut at <|endoftext|> lines, at blank lines, or at every line end --------------------
-def txt_separators(paths: list[str], separator: str, folder: Path) -> dict[str, str]:
+def txt_separators(
+    paths: list[str], separator: str, folder: Path, keep_line_endings: bool = False
+) -> dict[str, str]:
     """Each .txt file's separator: separator itself; for "auto", endoftext where the file holds a
     line of only <|endoftext|>, else line. The files auto reads a line a document that have blank
-    lines between lines of text are named in one note on stderr (folder: names are relative to it)."""
+    lines between lines of text are named in one note on stderr (folder: names are relative to it).
+    keep_line_endings: a lone "\\r" ends no line (as read_documents)."""
     if separator not in SEPARATORS:
         raise ValueError(f"separator must be one of {', '.join(SEPARATORS)}; got {separator!r}")
     chosen = {}
@@ -200,7 +212,8 @@ def txt_separators(paths: list[str], separator: str, folder: Path) -> dict[str, 
             chosen[path] = separator
             continue
         with _reading(path) as (f, place):
-            chosen[path], has_blank_lines = _auto_separator(f, place)
+            lines = _byte_lines(f, keep_line_endings)
+            chosen[path], has_blank_lines = _auto_separator(lines, place)
         if has_blank_lines:
             noted.append(path)
     if noted:
@@ -208,13 +221,13 @@ def txt_separators(paths: list[str], separator: str, folder: Path) -> dict[str, 
     return chosen
 
 
-def _auto_separator(f: BinaryIO, place: Place) -> tuple[str, bool]:
-    """("endoftext", False) when f holds a line of only <|endoftext|>; else "line", and whether f
-    has a blank line between two lines of text: paragraphs, perhaps, and a note costs nothing."""
+def _auto_separator(lines: Iterator[bytes], place: Place) -> tuple[str, bool]:
+    """("endoftext", False) when a line is only <|endoftext|>; else "line", and whether the lines
+    have a blank line between two lines of text: paragraphs, perhaps, and a note costs nothing."""
     text_seen = False  # a line of text so far
     blank_after_text = False  # a blank line since the last line of text
     blank_between = False  # a blank line between two lines of text
-    for line in f:
+    for line in lines:
         place.number += 1
         content = line.strip().removeprefix(BOM.encode())
         if content == SEPARATOR:
@@ -240,15 +253,20 @@ def _blank_line_note(names: str, count: int) -> str:
 
 
 def _txt_documents(
-    f: BinaryIO, column: str, place: Place, separator: str = "auto"
+    f: BinaryIO,
+    column: str,
+    place: Place,
+    separator: str = "auto",
+    keep_line_endings: bool = False,
 ) -> Iterator[str]:
     """A .txt cut by separator: "endoftext" at its lines of only <|endoftext|>, "blank-line" at its
-    runs of blank lines (each document keeping its inner line breaks), "line" at every line end
-    (\\n alone: a lone \\r is text). "auto": endoftext if the file holds such a line, else line."""
+    runs of blank lines (each document keeping its inner line breaks), "line" at every line end.
+    "auto": endoftext if the file holds such a line, else line. Lines end at \\n, \\r\\n and a
+    lone \\r, each read as \\n; keep_line_endings: at \\n alone, and a lone \\r is text."""
     if separator == "auto":
-        separator, _ = _auto_separator(f, Place())
+        separator, _ = _auto_separator(_byte_lines(f, keep_line_endings), Place())
         f.seek(0)  # the pass above stops at the first separator line
-    lines = _lines(f, place)
+    lines = _lines(_byte_lines(f, keep_line_endings), place)
     if separator == "endoftext":
         return _stories(lines)
     if separator == "blank-line":
@@ -256,9 +274,19 @@ def _txt_documents(
     return (LINE_END.sub("", line) for line in lines)
 
 
-def _lines(f: BinaryIO, place: Place) -> Iterator[str]:
-    """The lines of f decoded as UTF-8, the first without a byte order mark; place counts them."""
-    for line in f:
+def _byte_lines(f: BinaryIO, keep_line_endings: bool) -> Iterator[bytes]:
+    """f's lines, each ending in "\\n" (the last maybe not): "\\r\\n" and a lone "\\r" end a
+    line too, read as "\\n", unless keep_line_endings (then only "\\n" ends one)."""
+    for line in f:  # a binary file's lines end at b"\\n" only
+        if keep_line_endings or b"\r" not in line:
+            yield line
+        else:
+            yield from LINE_ENDINGS.sub(b"\n", line).splitlines(keepends=True)
+
+
+def _lines(lines: Iterator[bytes], place: Place) -> Iterator[str]:
+    """lines decoded as UTF-8, the first without a byte order mark; place counts them."""
+    for line in lines:
         place.number += 1
         text = line.decode("utf-8")
         if place.number == 1:

@@ -38,6 +38,7 @@ PREP_RULES: dict[str, Any] = {  # an int range, bool (True or False), or a tuple
     "eot_placement": EOT_PLACEMENTS,
     "force": bool,
     "progress": bool,
+    "keep_line_endings": bool,
 }
 
 

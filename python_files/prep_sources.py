@@ -94,18 +94,23 @@ def load_text_splits(
     val_fraction: float = VAL_FRACTION,
     seed: int = SEED,
     separator: str = "auto",
+    keep_line_endings: bool = False,
 ) -> dict[str, TextSplit]:
     """Load the requested splits of a Hub or local dataset (None: the bundled sample), carving
     validation from train when the dataset has none. "val" is the validation split too.
-    separator: how a .txt is cut into documents (prep_files.SEPARATORS); other inputs: "auto"."""
-    check_prep_arguments(splits=splits, val_fraction=val_fraction, seed=seed)
+    separator: how a .txt is cut into documents (prep_files.SEPARATORS); other inputs: "auto".
+    keep_line_endings: keep "\\r\\n" and a lone "\\r" in the text (False: each is read as "\\n")."""
+    check_prep_arguments(
+        splits=splits, val_fraction=val_fraction, seed=seed, keep_line_endings=keep_line_endings
+    )
     if separator not in SEPARATORS:
         raise ValueError(f"separator must be one of {', '.join(SEPARATORS)}; got {separator!r}")
     names = split_names(splits)
     name, path = resolve_dataset(dataset)
     if path is None:
         _check_separator_applies(separator, name, {})  # before the Hub's slow load
-    loaded = _load_hub(name) if path is None else _load_local(path, column, separator)
+    local = (path, column, separator, keep_line_endings)
+    loaded = _load_hub(name) if path is None else _load_local(*local)
     _check_separator_applies(separator, name, loaded.separators)
     from_split = _source_splits(names, loaded.documents, name)
     for source in dict.fromkeys(from_split.values()):  # each from its first rows, before slow work
@@ -123,6 +128,7 @@ def load_text_splits(
             "from_split": from_split[split],
             "column": column,
             "input_fingerprint": fingerprints[from_split[split]],
+            "line_endings": "kept" if keep_line_endings else "lf",  # lf: "\r\n", "\r" read as "\n"
         }
         if loaded.separators:  # it decides a .txt's documents, so their bytes
             source["separator"] = separator
@@ -249,7 +255,9 @@ def resolve_dataset(dataset: str | os.PathLike | None) -> tuple[str, Path | None
     return name, None
 
 
-def _load_local(path: Path, column: str, separator: str = "auto") -> Loaded:
+def _load_local(
+    path: Path, column: str, separator: str = "auto", keep_line_endings: bool = False
+) -> Loaded:
     """A save_to_disk folder, or data files streamed by prep_files on every run: never
     converted into a cache, so the input's hash always describes the text tokenized."""
     if any((path / marker).is_file() for marker in SAVED_MARKERS):
@@ -263,9 +271,9 @@ def _load_local(path: Path, column: str, separator: str = "auto") -> Loaded:
         raise ValueError(f"{path}: unsupported file type; {expected}")
     every_file = [file for paths in files.values() for file in paths]
     folder = path if path.is_dir() else path.parent
-    separators = txt_separators(every_file, separator, folder)  # read once, here: one note
+    separators = txt_separators(every_file, separator, folder, keep_line_endings)  # one note
     documents = {
-        split: functools.partial(read_documents, paths, column, separators)
+        split: functools.partial(read_documents, paths, column, separators, keep_line_endings)
         for split, paths in files.items()
     }
     return Loaded(documents, files, separators)
@@ -336,8 +344,10 @@ def _hub_unreachable(name: str, offline: bool) -> str:
 # ---- The texts, in order ----------------------------------------------------------------------
 def iter_texts(split: TextSplit) -> Iterator[str]:
     """Every document's text in order (only split.rows when set), a batch at a time, without
-    a byte order mark at its start (`cat a.txt b.txt` leaves b's in the middle of the stream)."""
+    a byte order mark at its start (`cat a.txt b.txt` leaves b's in the middle of the stream),
+    and with "\\r\\n" and a lone "\\r" read as "\\n" unless the split keeps line endings."""
     where = _where(split)
+    keep_line_endings = split.source.get("line_endings") == "kept"
     rows = split.rows
     first = 0  # the row number of the batch's first row
     for batch in _batches(split.documents, where, [split.column]):
@@ -352,7 +362,7 @@ def iter_texts(split: TextSplit) -> Iterator[str]:
             cells = cells.take(pa.array(rows[lo:hi] - first))
         first += batch.num_rows
         for text in cells.to_pylist():
-            yield _document(text)
+            yield _document(text, keep_line_endings)
     if rows is not None and len(rows) and rows[-1] >= first:
         changed = "fewer than when it was carved; did it change?"
         raise ValueError(f"{where} now holds {first} rows, {changed}")
@@ -386,9 +396,14 @@ def _has_text(text: str) -> bool:
     return bool(text) and not text.isspace()
 
 
-def _document(text: str) -> str:
-    """A document's text without a byte order mark at its start, the one place it is not text."""
-    return text.removeprefix(BOM)
+def _document(text: str, keep_line_endings: bool = False) -> str:
+    """A document's text without a byte order mark at its start, the one place it is not text;
+    "\\r\\n" and a lone "\\r" as "\\n" (a JSON, CSV, Parquet or Hub text; a .txt's lines are read
+    so already), unless keep_line_endings."""
+    text = text.removeprefix(BOM)
+    if keep_line_endings:
+        return text
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _where(split: TextSplit) -> str:

@@ -278,28 +278,13 @@ def prepare(
     shard_tokens: int | None = None,
     eot_placement: str = EOT_PLACEMENT,
     separator: str = "auto",
+    keep_line_endings: bool = False,
 ) -> list[PreparedSplit]:
     """Tokenize every requested split of dataset (None: the bundled sample) into out (None:
     data/<name>). shard_tokens: shards of that many tokens (see prepare_split). encoding "gpt2"
     comes from the bundled files, another from tiktoken (see load_encoding). separator: how a
-    .txt is cut into documents (load_text_splits)."""
-    check_prep_arguments(
-        splits=splits,
-        val_fraction=val_fraction,
-        seed=seed,
-        layout=layout,
-        num_threads=num_threads,
-        chunk_docs=chunk_docs,
-        force=force,
-        progress=progress,
-        shard_tokens=shard_tokens,
-        eot_placement=eot_placement,
-    )
-    name, path = resolve_dataset(dataset)
-    out = Path(out) if out is not None else _default_out_dir(name, path)
-    _check_out_dir(out, path)
-    enc = load_encoding(encoding)
-    text_splits = load_text_splits(dataset, column, splits, val_fraction, seed, separator)
+    .txt is cut into documents (load_text_splits). keep_line_endings: "\\r\\n" and a lone "\\r"
+    stay in the text (False, the default: each is read as "\\n")."""
     options = {
         "layout": layout,
         "num_threads": num_threads,
@@ -309,6 +294,15 @@ def prepare(
         "shard_tokens": shard_tokens,
         "eot_placement": eot_placement,
     }
+    checked = dict(splits=splits, val_fraction=val_fraction, seed=seed)
+    check_prep_arguments(**checked, keep_line_endings=keep_line_endings, **options)
+    name, path = resolve_dataset(dataset)
+    out = Path(out) if out is not None else _default_out_dir(name, path)
+    _check_out_dir(out, path)
+    enc = load_encoding(encoding)
+    text_splits = load_text_splits(
+        dataset, column, splits, val_fraction, seed, separator, keep_line_endings
+    )
     return [prepare_split(text_splits[s], out, enc, **options) for s in split_names(splits)]
 
 
@@ -393,6 +387,12 @@ def _add_input_arguments(parser: argparse.ArgumentParser) -> None:
         help="how a .txt holds its documents: endoftext, between lines of only <|endoftext|> "
         "(TinyStoriesV2-GPT4-train.txt); line, one a line; blank-line, paragraphs between blank "
         "lines. auto (default): endoftext if the file has such a line, else line",
+    )
+    parser.add_argument(
+        "--keep-line-endings",
+        action="store_true",
+        help='keep "\\r\\n" and a lone "\\r" in the text as they are (default: each is read as '
+        '"\\n", as Python\'s text mode reads them)',
     )
     parser.add_argument("--column", default="text", help="column holding the text (default: text)")
     parser.add_argument(

@@ -320,7 +320,7 @@ windows = nd.NpyTokensDataset(
 )
 loader, _ = nd.make_dataloaders(windows, batch_size=BATCH, seed=0, num_workers=2)
 loader.dataloader.timeout = 60  # a worker that hangs fails the answer
-model, opt = make_model(DEVICE, SEQ_LEN)
+model, opt = make_model(DEVICE, N_VOCAB, SEQ_LEN)
 with_workers = run(model, opt, loader, load_checkpoint(CHECKPOINT, model, opt, loader))
 worst = max(abs(a - b) for a, b in zip(with_workers["loss"], reference))
 same = with_workers["loss"] == reference if DEVICE.type == "cpu" else worst < GPU_TOLERANCE

@@ -156,19 +156,19 @@ PARAGRAPHS = [
     "Once upon a time, Tom had a red ball.\nHe threw it over the fence.",
     "Lily found the ball.\nShe gave it back.\nTom said thank you.",
     "A story of one line.",
-    "A cat sat on a mat.\r\nIt slept all day.",  # a Windows line break inside stays
+    "A cat sat on a mat.\nIt slept all day.",
 ]
 
 
 def test_separator_reads_each_form_of_a_txt_and_is_a_setting(tmp_path, enc, capsys):
     forms = {
         "endoftext": "".join(f"{text}\n<|endoftext|>\n" for text in PARAGRAPHS),
-        "line": "".join(text.replace("\r\n", " ").replace("\n", " ") + "\n" for text in PARAGRAPHS),
+        "line": "".join(text.replace("\n", " ") + "\n" for text in PARAGRAPHS),
         "blank-line": "\n\n  \n".join(PARAGRAPHS) + "\n\n",  # a run of blank lines is one break
     }
     expected = {
         "endoftext": PARAGRAPHS,
-        "line": [text.replace("\r\n", " ").replace("\n", " ") for text in PARAGRAPHS],
+        "line": [text.replace("\n", " ") for text in PARAGRAPHS],
         "blank-line": PARAGRAPHS,
     }
     for separator, body in forms.items():
@@ -188,9 +188,7 @@ def test_separator_reads_each_form_of_a_txt_and_is_a_setting(tmp_path, enc, caps
     results = prepare(folder, tmp_path / "out_blank-line")
     assert all(result.written for result in results.values())  # another setting: rewritten
     lines = [line for text in PARAGRAPHS for line in text.split("\n")]
-    assert decoded(tmp_path / "out_blank-line" / "train.npy", enc) == [
-        line.removesuffix("\r") for line in lines
-    ]
+    assert decoded(tmp_path / "out_blank-line" / "train.npy", enc) == lines
     assert results["train"].meta["source"]["separator"] == "auto"
     notes = capsys.readouterr().err.splitlines()
     assert len(notes) == 1, notes  # once, though each file is read more than once
@@ -268,3 +266,46 @@ def test_a_categorical_parquet_text_column_is_read_as_text(tmp_path, enc):
     numbers = pa.schema([("text", pa.dictionary(pa.int32(), pa.int64()))])  # categories of ints
     with pytest.raises(ValueError, match=r"column 'text' holds dictionary<values=int64.*not text"):
         prep_files.check_text_column(numbers, "text")
+
+
+# --- line endings: "\r\n" and a lone "\r" read as "\n", or kept -------------------------------
+
+CRLF_STORIES = ["Tom had a red ball.\r\nHe threw it.", "Lily found it.\r\n\r\nThe end."]
+
+
+def crlf_inputs(folder):
+    """The same stories as a Windows .txt (between <|endoftext|> lines), as a .jsonl whose texts
+    hold "\\r\\n", and as a .txt of an old Mac's lines, each ended by a lone "\\r"."""
+    txt = folder / "txt"
+    txt.mkdir(parents=True)
+    body = "".join(f"{story}\r\n<|endoftext|>\r\n" for story in CRLF_STORIES)
+    (txt / "train.txt").write_bytes(body.encode())
+    (txt / "validation.txt").write_bytes(body.encode())
+    make_dataset(folder / "jsonl", CRLF_STORIES, CRLF_STORIES)
+    mac = folder / "mac"
+    mac.mkdir()
+    (mac / "train.txt").write_bytes(b"one line\rtwo lines\rthree\r")
+    (mac / "validation.txt").write_bytes(b"v\r")
+    return txt, folder / "jsonl", mac
+
+
+def test_crlf_and_lone_cr_are_read_as_newlines_by_default_and_kept_with_the_option(tmp_path, enc):
+    txt, jsonl, mac = crlf_inputs(tmp_path / "in")
+    as_lf = [story.replace("\r\n", "\n") for story in CRLF_STORIES]
+    for dataset in (txt, jsonl):
+        out = tmp_path / f"out_{dataset.name}"
+        assert pt.main(["--dataset", str(dataset), "--out", str(out)]) == 0
+        assert decoded(out / "train.npy", enc) == as_lf  # no "\r" left in any document
+        assert read_sidecar(out / "train.npy")["source"]["line_endings"] == "lf"
+        argv = ["--dataset", str(dataset), "--out", str(out), "--keep-line-endings"]
+        assert pt.main(argv) == 0  # another setting: written again, not "up to date"
+        assert decoded(out / "train.npy", enc) == CRLF_STORIES, dataset.name
+        assert read_sidecar(out / "train.npy")["source"]["line_endings"] == "kept"
+    assert decoded(prepare(mac, tmp_path / "mac")["train"].path, enc) == [
+        "one line",
+        "two lines",
+        "three",
+    ]  # a lone "\r" ends a line, as in Python's text mode
+    kept = prepare(mac, tmp_path / "mac_kept", keep_line_endings=True)["train"].path
+    assert decoded(kept, enc) == ["one line\rtwo lines\rthree\r"]  # kept: one line of text
+    assert "--keep-line-endings" in pt._parser().format_help()

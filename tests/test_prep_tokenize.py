@@ -90,7 +90,9 @@ def test_bytes_do_not_depend_on_threads_or_chunk_size(tmp_path):
     assert len(seen) == 1
 
 
-def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(tmp_path, enc):
+def test_txt_with_separator_lines_holds_multi_line_stories_and_kept_crlf_round_trips(tmp_path, enc):
+    """With keep_line_endings=True, "\\r\\n" and a lone "\\r" stay as written (the default reads
+    them as "\\n": tests/test_prep_files.py)."""
     stories = [
         "Once upon a time.\nTom said hi.\n\nThe end.",
         'Lily wrote "<|endoftext|>" in a line.',
@@ -109,7 +111,7 @@ def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(
     (folder / "validation.txt").write_bytes(
         ("\r\n  <|endoftext|> \r\n".join(crlf) + "\r\n").encode()
     )
-    results = prepare(folder, tmp_path / "out")
+    results = prepare(folder, tmp_path / "out", keep_line_endings=True)
     kept = [story for story in stories if story]  # the empty story is skipped
     assert decoded(tmp_path / "out" / "train.npy", enc) == kept
     assert results["train"].meta["n_docs"] == 4
@@ -127,7 +129,7 @@ def test_txt_with_separator_lines_holds_multi_line_stories_and_crlf_round_trips(
     (folder / "validation.txt").write_bytes(b"v\n")
     assert (
         decoded(tmp_path / "out" / "train.npy", enc) != lines
-        and prepare(folder, tmp_path / "out")["train"].written
+        and prepare(folder, tmp_path / "out", keep_line_endings=True)["train"].written
     )
     assert decoded(tmp_path / "out" / "train.npy", enc) == [line for line in lines if line]
     assert (

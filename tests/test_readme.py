@@ -1,6 +1,8 @@
-"""The README's code runs as written: "Use the module in your project" in a fresh process, and the
-Resume section's loop stopped part of the way and restarted."""
+"""The README's code runs as written: "Use the module in your project" in a fresh process, the
+Resume section's loop stopped part of the way and restarted, and "Your own tokenizer" end to end."""
 
+import ast
+import json
 import os
 import re
 import subprocess
@@ -11,14 +13,17 @@ import pytest
 import torch
 
 import npy_datasets as nd
-from conftest import ROOT
+from conftest import ROOT, run_process
 
 
-def readme_snippet(section: str) -> str:
+def readme_section(section: str) -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", body, flags=re.S)
-    assert blocks, f"no python block under '## {section}'"
+    return text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def readme_snippet(section: str, language: str = "python") -> str:
+    blocks = re.findall(rf"```{language}\n(.*?)```", readme_section(section), flags=re.S)
+    assert blocks, f"no {language} block under '## {section}'"
     return blocks[0]
 
 
@@ -129,3 +134,36 @@ def test_the_resume_loop_restarts_into_the_same_run(
     assert stopped["model"].batches == whole["model"].batches[: crash_at - 1]
     assert restarted["model"].batches == whole["model"].batches[saved:]
     assert torch.equal(restarted["model"].weight, whole["model"].weight)  # optimizer loaded too
+
+
+# --- "Your own tokenizer": character ids written by write_tokens, trained by train_tiny.py --------
+
+
+def test_the_own_tokenizer_section_runs_as_written_and_prints_what_it_says(tmp_path):
+    """chars.py as the section gives it and its two commands, in a folder that holds the
+    repository's materials/ and python_files/ (the repository's data/ is the notebooks')."""
+    for name in ("materials", "python_files"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "chars.py").write_text(readme_snippet("Your own tokenizer"), encoding="utf-8")
+    commands = readme_snippet("Your own tokenizer", "bash").strip().splitlines()
+    assert len(commands) == 2 and all(c.startswith(".venv/bin/python ") for c in commands)
+    runs = []
+    for command in commands:  # the interpreter running these tests stands in for .venv's
+        run = run_process(
+            ["bash", "-c", command.replace(".venv/bin/python", sys.executable, 1)], cwd=tmp_path
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        runs.append(run)
+    body = " ".join(readme_section("Your own tokenizer").split())
+    prep, train = runs
+    for line in prep.stdout.splitlines():  # "train: 1,318,105 ids below 68", as the text says
+        assert f"`{line}`" in body, line
+    first = train.stdout.splitlines()[0]
+    said = re.search(r"`\.\.\., (.+?)`", body)[1]  # "68 ids of chars; 100 batches an epoch"
+    assert first.endswith(said), first
+    assert "60/60 [" in train.stderr and "step/s, loss=" in train.stderr  # the progress bar
+    pieces = json.loads((tmp_path / "data" / "chars" / "vocab.json").read_text(encoding="utf-8"))
+    for name in ("greedy", "top-40, temperature 0.8"):
+        sample = re.search(rf"^{name}: ('.*')$", train.stdout, flags=re.M)
+        text = ast.literal_eval(sample[1])  # as printed by repr(): text, not ids
+        assert text.startswith("Once upon a time, there was a") and set(text) <= set(pieces)
