@@ -229,6 +229,7 @@ def descriptors(folder: Path, limit: int, held: int, workers: int, prefetch: int
         traceback.clear_frames(error.__traceback__)
         result.update(outcome="error", type=type(error).__name__, message=str(error))
     print(json.dumps(result), flush=True)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler raises when a worker dies
     with contextlib.suppress(psutil.Error, OSError):  # an exited worker; no descriptor for /proc
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):  # a worker that has just exited
