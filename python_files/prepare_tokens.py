@@ -515,7 +515,8 @@ def _small_validation_warning(results: list[PreparedSplit]) -> str | None:
     counts = f"{validation} holds {tokens[validation]:,} tokens"
     if "train" in tokens:
         counts += f", train {tokens['train']:,}"
-    few = f"fewer than {SMALL_VALIDATION_WINDOWS} windows of {QUICKSTART_SEQ_LEN} ({need:,} tokens)"
+    windows = f"{SMALL_VALIDATION_WINDOWS} windows of {QUICKSTART_SEQ_LEN} tokens"
+    few = f"fewer than {need:,} tokens, {windows} (the quick start's seq_len)"
     source = next(r.meta["source"] for r in results if r.split == validation)
     if "val_fraction" in source:
         fix = f"raise --val-fraction (now {source['val_fraction']}) to carve more of train"

@@ -345,9 +345,9 @@ assert step == STEPS and last == 390 and loss < val_losses[-1]
 print(f"{last} steps: validation loss {loss:.2f}, perplexity {math.exp(loss):.0f}", end=" ")
 print(f"(300 steps: {val_losses[-1]:.2f}, perplexity {math.exp(val_losses[-1]):.0f})")
 torch.manual_seed(0)
-sampled_450 = generate(model, prompt_ids, NEW_TOKENS, top_k=40, temperature=0.8)
+sampled_390 = generate(model, prompt_ids, NEW_TOKENS, top_k=40, temperature=0.8)
 print("greedy: ", repr(enc.decode(generate(model, prompt_ids, NEW_TOKENS)[1:])))
-print("sampled:", repr(enc.decode(sampled_450[1:])))
+print("sampled:", repr(enc.decode(sampled_390[1:])))
 """,
         r"^390 steps: validation loss \d\.\d\d, perplexity \d+ \(300 steps: \d\.\d\d, "
         r"perplexity \d+\)\ngreedy:  'Once upon a time.*'\nsampled: 'Once upon a time.*'$",

@@ -67,7 +67,7 @@ def test_a_validation_split_too_small_for_ten_windows_is_a_warning_naming_val_fr
     }
     assert tokens["validation"] < 10 * 256 + 1
     counts = f"validation holds {tokens['validation']:,} tokens, train {tokens['train']:,}"
-    few = "fewer than 10 windows of 256 (2,561 tokens)"
+    few = "fewer than 2,561 tokens, 10 windows of 256 tokens (the quick start's seq_len)"
     fix = "raise --val-fraction (now 0.005) to carve more of train"
     err = capsys.readouterr().err.splitlines()
     assert f"warning: {counts}: {few}; {fix}" in err
