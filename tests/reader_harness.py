@@ -229,9 +229,11 @@ def descriptors(folder: Path, limit: int, held: int, workers: int, prefetch: int
         traceback.clear_frames(error.__traceback__)
         result.update(outcome="error", type=type(error).__name__, message=str(error))
     print(json.dumps(result), flush=True)
-    with contextlib.suppress(psutil.Error, OSError):  # an exited worker; no descriptor for /proc
+    # An exited worker; no descriptor for /proc; or torch's SIGCHLD handler, which raises
+    # RuntimeError here when a kill lands: the result is printed already.
+    with contextlib.suppress(psutil.Error, OSError, RuntimeError):
         for child in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):  # a worker that has just exited
+            with contextlib.suppress(psutil.NoSuchProcess, RuntimeError):
                 child.kill()  # workers left in any state: no shutdown to wait for
     os._exit(0)
 

@@ -159,6 +159,22 @@ def test_make_dataloaders_with_explicit_ranks_split_train_and_pad_val(tmp_path):
     ]
 
 
+def test_a_plain_dataloader_of_random_windows_warns_that_each_epoch_repeats(tmp_path):
+    """DataLoader(ds, batch_size=B) passes no epoch: mode="random" would draw the same windows
+    every epoch. It says so once; windows mode, and an EpochSampler's batches, do not (issue 34)."""
+    paths = write_parts(tmp_path)
+    ds = nd.NpyTokensDataset(paths, SEQ, mode="random", num_samples=40, seed=3)
+    with pytest.warns(UserWarning, match="the same windows each epoch") as caught:
+        epochs = [torch.cat([x for x, _ in DataLoader(ds, batch_size=8)]) for _ in range(2)]
+    assert torch.equal(*epochs) and "EpochSampler" in str(caught[0].message)
+    windows = nd.NpyTokensDataset(paths, SEQ)
+    sampler = nd.EpochSampler(ds, batch_size=8, world_size=1, rank=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(DataLoader(windows, batch_size=8, shuffle=True))
+        list(DataLoader(ds, batch_sampler=sampler, collate_fn=tuple))
+
+
 def test_distributed_sampler_indices_are_windows_of_epoch_zero(tmp_path):
     ds = nd.NpyTokensDataset(write_parts(tmp_path), SEQ, mode="random", num_samples=40, seed=3)
     seen = []
@@ -310,10 +326,19 @@ def test_torchrun_ranks_that_disagree_all_fail_naming_the_rank(tmp_path):
     }
     proc, reports = torchrun(tmp_path, train, val, "--disagreements", json.dumps(cases))
     assert proc.returncode == 0 and len(reports) == 2, proc.stderr[-3000:]
+    differs = {  # the first setting, or file, each case changes (issue 34)
+        "seq_len": "train.seq_len",
+        "file": "train.files[0] ('",
+        "seed": "seed (",
+        "too_small": "train.files[0] ('",
+        "same_size": "train.files[0] ('train.npy'",
+    }
     for report in reports:
         assert list(report["errors"]) == list(cases), report
         for case, error in report["errors"].items():
             assert error.startswith("RuntimeError: rank 1 "), (report["rank"], case, error)
+            named = f"differs from rank 0 in {differs[case]}"
+            assert named in error and len(error) < 200, (report["rank"], case, error)
 
 
 @pytest.mark.parametrize(
