@@ -341,7 +341,8 @@ def _expand_paths(path: Any) -> list[str]:
     if not files or not all(isinstance(p, (str, os.PathLike)) for p in files):
         raise TypeError(f"path must be a file, a glob or a non-empty list of files: {path!r:.100}")
     text = os.fspath(files[0])
-    if isinstance(path, (list, tuple)) or os.path.exists(text) or not set(text) & set("*?["):
+    pattern = not os.path.exists(text) and bool(set(text) & set("*?["))
+    if isinstance(path, (list, tuple)) or not pattern:
         return [os.fspath(p) for p in files]
     found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))
     if not found:
@@ -350,9 +351,10 @@ def _expand_paths(path: Any) -> list[str]:
 
 
 def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
-    other = next((f for f in files if f.dtype != files[0].dtype), None)
+    first = files[0]
+    other = next((f for f in files if f.dtype != first.dtype), None)
     if other is not None:
-        both = f"{other.path!r} holds {other.dtype.name}, {files[0].path!r} {files[0].dtype.name}"
+        both = f"{other.path!r} holds {other.dtype.name}, {first.path!r} {first.dtype.name}"
         raise TokenFileError(f"{both}: a dataset has one dtype")
     named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
     if len(named) > 1:
@@ -408,7 +410,8 @@ class NpyTokensDataset:
         self._window_bounds = np.concatenate(([0], windows))
         self._start_bounds = np.concatenate(([0], starts))
         if self._window_bounds[-1] == 0:
-            need = f"{self._row_len.max()} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
+            longest = self._row_len.max()
+            need = f"{longest} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
             fix = "use a smaller seq_len, or prepare with a larger --val-fraction"
             raise ValueError(f"{self.paths[0]!r} and the rest hold no window: {need}; {fix}")
         total = self._window_bounds[-1] if num_samples is None else num_samples
@@ -554,8 +557,9 @@ def _splitmix64(x: Any) -> Any:
 # through shared memory, a descriptor a tensor. Under a low open-file limit
 # (ulimit -n) a worker loses a batch and the loader waits for ever. This block
 # keeps maps within the limit, and refuses at once, naming it, what would hang.
-# A copier who never meets a low limit can cut it whole, with the calls into
-# it in _memmap, _windows, EpochLoader.__iter__ and make_dataloaders.
+# A copier who never meets a low limit can cut it whole, with the lines that
+# call into it (in _memmap, _windows, EpochLoader.__iter__, make_dataloaders)
+# and a number for _max_maps in NpyTokensDataset.__init__.
 
 MAX_OPEN_FILES = 1024  # files one process keeps mapped at most
 # 2 workers prefetching 2 batches hung with under 24 free: 16 for the loader,
@@ -609,9 +613,10 @@ def _maps_this_process_may_keep() -> int:
 def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
     """Refuse now, naming the limit, what a low one fails later: workers that
     hand batches over, and pinned memory, which starts CUDA."""
-    limit, in_use = _descriptors()
-    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * num_workers * prefetch_factor
-    if num_workers and limit is not None and limit - in_use < needed:
+    limit, in_use = _descriptors() if num_workers else (None, 0)
+    in_flight = num_workers * prefetch_factor  # batches workers fetch ahead
+    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * in_flight
+    if limit is not None and limit - in_use < needed:
         fix = _limit_fix(needed, " or use num_workers=0")
         raise ValueError(f"{num_workers} workers need {needed} free descriptors; {fix}")
     if pin:
@@ -1060,18 +1065,22 @@ def write_tokens(
     dtype = _token_dtype(dtype, "the dtype argument")
     if n_vocab - 1 > np.iinfo(dtype).max:
         raise ValueError(f"n_vocab={n_vocab:,} has ids that {dtype.name} cannot hold")
+    fields = _json_fields(path, fields) | {"tokenizer": tokenizer}
+    fields |= {"n_vocab": int(n_vocab), "eot_id": int(eot_id)}
+    return _write_atomically(path, ids, dtype, n_vocab, layout, fields)
+
+
+def _json_fields(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """The caller's sidecar fields as JSON: a numpy int becomes an int; a field
+    write_tokens sets itself, or a value JSON cannot hold, is refused."""
     taken = sorted(fields.keys() & WRITTEN_FIELDS)
     if taken:
         raise TypeError(f"{str(path)!r}: write_tokens sets {taken} itself; nothing written")
-    # A numpy int becomes an int; what JSON cannot hold is refused.
     fields = {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}
     try:
-        fields = json.loads(json.dumps(fields, allow_nan=False))
+        return json.loads(json.dumps(fields, allow_nan=False))
     except (TypeError, ValueError) as error:
         raise TypeError(f"{str(path)!r}: a sidecar field is not JSON ({error}); nothing written")
-    fields = {**fields, "tokenizer": tokenizer}
-    fields |= {"n_vocab": int(n_vocab), "eot_id": int(eot_id)}
-    return _write_atomically(path, ids, dtype, n_vocab, layout, fields)
 
 
 def _write_atomically(
