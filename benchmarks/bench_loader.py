@@ -65,6 +65,7 @@ def old_module(commit: str = OLD_COMMIT) -> Any | None:
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("old_npy_datasets", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["old_npy_datasets"] = module  # a @dataclass looks its module up there
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
