@@ -644,21 +644,19 @@ class SamplerPass:
 
 
 class EpochSampler:
-    """Batches of window indices, (epoch, indices), for an EpochLoader, or a
-    DataLoader(ds, batch_sampler=sampler).
-
-    Epoch e's order is drawn from (seed, e) alone. Rank r of world_size W takes
-    its items r, r + W, ...; remainder="drop" leaves out the last n % W items,
-    "pad" repeats the first ones.
+    """Batches of window indices, (epoch, indices), for an EpochLoader or a
+    DataLoader(ds, batch_sampler=sampler). Epoch e's order is drawn from
+    (seed, e) alone. Rank r of W takes its items r, r + W, ...; remainder=
+    "drop" leaves out the last n % W, "pad" repeats the first ones.
 
     The epoch rules. A pass is one iteration. After a pass that served all its
     batches comes the next epoch, from its start; after a pass the loop left
     early (a break, a peek), the same pass again. set_epoch(e) makes the next
-    pass epoch e, from its start; right after load_state_dict it takes only
-    the loaded epoch, which starts at the loaded position. len() is a whole
-    epoch's batches of this rank, even when a resumed pass holds fewer. A batch
-    counts as served when the loop receives it, in an EpochLoader; under a
-    plain DataLoader, when it goes to the workers, which fetch ahead."""
+    pass epoch e, from its start; right after load_state_dict, only the loaded
+    epoch, from the loaded position. len() is a whole epoch's batches of this
+    rank, even when a resumed pass holds fewer. A batch is served when the
+    loop receives it (EpochLoader), or when it goes to a plain DataLoader's
+    workers, which fetch ahead."""
 
     def __init__(
         self,
@@ -932,11 +930,11 @@ def make_dataloaders(
 ) -> tuple[EpochLoader, EpochLoader | None]:
     """Loaders of (x, y) batches: train (shuffled by seed, drop_last) and
     validation (in order, every window; or None). No workers by default: for
-    memmaps they cost more than they save. Memory is pinned where CUDA is, which
-    starts CUDA now: call torch.cuda.set_device first. Each rank of
-    torch.distributed (or world_size, rank) gets a share, as many steps as the
-    others, once all agree on files and settings: under torchrun, Lightning or
-    accelerate, make the loaders after the process group starts."""
+    memmaps they cost more than they save. Memory is pinned where CUDA is,
+    which starts CUDA now: call torch.cuda.set_device first. Each rank of
+    torch.distributed (or world_size, rank) gets an equal share once all agree
+    on files and settings: under torchrun, Lightning or accelerate, make the
+    loaders after the process group starts."""
     import torch
 
     val_ok = val is None or isinstance(val, NpyTokensDataset)
