@@ -403,3 +403,45 @@ def test_the_descriptor_check_counts_the_batches_each_worker_prefetches(arange_f
     message = str(info.value)
     assert f"{needed(8)} free descriptors" in message and str(limit) in message, message
     assert "ulimit -n" in message, message  # what to do about it
+
+
+def _verify_as_rank(rank: int, store_path: str, result_path: str) -> None:
+    """One of two gloo ranks: 300 shards' fingerprints, rank 1's shard 217 other bytes."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    files = [
+        {"name": f"train_{i:06d}.npy", "bytes": 1000 + i, "probe": "ab" * 32} for i in range(300)
+    ]
+    if rank == 1:
+        files[217] = {**files[217], "bytes": 5}
+    try:
+        nd.verify_across_ranks({"train": {"files": files, "seq_len": 8}, "seed": 0})
+        message = "no error"
+    except RuntimeError as error:
+        message = str(error)
+    finally:
+        dist.destroy_process_group()
+    Path(result_path).write_text(message)
+
+
+def test_ranks_that_differ_in_one_of_300_shards_name_it_in_one_short_line(tmp_path):
+    """Issue 34: 300 shards, one differing, raised 70,387 characters naming no file. Now each rank
+    names the shard in one line, from 32-byte digests gathered as tensors."""
+    context = torch.multiprocessing.get_context("fork")
+    results = [tmp_path / f"rank{rank}.txt" for rank in range(2)]
+    ranks = [
+        context.Process(target=_verify_as_rank, args=(r, str(tmp_path / "store"), str(results[r])))
+        for r in range(2)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    for rank, path in enumerate(results):
+        message = path.read_text()
+        name = "train.files[217] ('train_000217.npy' on this rank)"
+        assert message.startswith(f"rank 1 differs from rank 0 in {name}"), (rank, message)
+        assert len(message) < 150, (rank, len(message))
