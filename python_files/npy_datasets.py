@@ -1,23 +1,33 @@
-"""Serve (x, y) next-token windows from token files on disk, without loading them into RAM.
+"""Serve (x, y) next-token windows from token files on disk, never read whole.
 
-Copy this one file into your project: it needs Python 3.11+, numpy, torch and the standard library.
+Copy this one file into your project: it needs Python 3.11+, numpy, torch and
+the standard library.
 
-    train = NpyTokensDataset("data/tinystories/train.npy", seq_len=256)  # or a list, or a glob
+    train = NpyTokensDataset("data/tinystories/train.npy", seq_len=256)  # or a glob
     val = NpyTokensDataset("data/tinystories/validation.npy", seq_len=256)
     train_loader, val_loader = make_dataloaders(train, val, batch_size=32)
-    if resuming:  # after loading the model and the optimizer from the same checkpoint
+    if resuming:  # after loading the model and the optimizer
         train_loader.load_state_dict(checkpoint["loader"])
-    for epoch in range(train_loader.sampler.epoch, 10):  # a resumed run starts at the saved epoch
+    for epoch in range(train_loader.sampler.epoch, 10):  # the saved epoch
         train_loader.sampler.set_epoch(epoch)
-        for batch in train_loader:  # after a resume, the rest of the saved epoch
-            x, y = to_device(batch, "cuda")  # int64, (32, 256) each: y is x shifted by one token
-            ...  # loss = model(x, y); now and then save the model, the optimizer and
-            # train_loader.state_dict() together: the state counts the batches this loop received
+        for batch in train_loader:  # after a resume, the rest of the epoch
+            x, y = to_device(batch, "cuda")  # int64, (32, 256): y is x shifted by one
+            ...  # loss = model(x, y); now and then save the model, the optimizer
+            # and train_loader.state_dict(), which counts the batches received
 
-len(train_loader) is always a whole epoch's batches; count your steps yourself. Lightning and
-accelerate take these loaders as they are (the README shows how).
+len(train_loader) is always a whole epoch's batches; count your steps yourself.
+Lightning and accelerate take these loaders as they are (the README shows how).
 
-Importing it imports numpy only (torch where used): a prep step can write token files without torch."""
+How it works. Token files are memory-mapped. The sampler yields (epoch,
+indices): a batch of window indices, and their epoch. The dataset finds each
+window's file and first token, and gathers the batch with one fancy index per
+file. The loader counts the batches your loop received; its state is JSON, the
+epoch and a global position in the epoch's order, so a run resumes with any
+number of ranks or workers. Each check sits where its fact becomes known: a
+size after the stat, a header after the read of the first bytes.
+
+Importing it imports numpy only (torch where used): a prep step can write token
+files without torch."""
 
 from __future__ import annotations
 
@@ -29,7 +39,8 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
@@ -44,7 +55,6 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT_VERSION",
     "TokenFileError",
-    "write_tokens",
     "read_sidecar",
     "open_tokens",
     "NpyTokensDataset",
@@ -53,29 +63,40 @@ __all__ = [
     "make_dataloaders",
     "verify_across_ranks",
     "to_device",
+    "write_tokens",
 ]
 
-# ---- 1. Token files ----------------------------------------------------------------------------
+# ---- Constants ----
 
-FORMAT_VERSION = 1  # of the JSON sidecar written beside each token file
+FORMAT_VERSION = 1  # of the JSON sidecar beside each token file
 NPY_MAGIC = b"\x93NUMPY"
-LLMC_HEADER_BYTES = 256 * 4  # llm.c shards: 256 int32 words (magic, version, token count, unused)
-LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # llm.c's token shards: magic -> version
-LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}  # GPT-2 ids, Llama 3 ids
-LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # llm.c's model, state, ... files
-PROBE_BYTES = 1 << 16  # every open hashes a file's first and last 64 KiB: a swap shows, cheaply
-MAX_OPEN_FILES = 1024  # files one process keeps mapped at most (each map holds a descriptor)
-# Descriptors DataLoader workers need free: 2 workers with prefetch_factor 2 hung under 24 free,
-# that is 16 for the loader and 2 (x and y) for each batch in flight; 4 a batch doubles that.
-LOADER_DESCRIPTORS = 16
-BATCH_DESCRIPTORS = 4
-# The sidecar fields write_tokens measures or takes as arguments, and their JSON types: **fields
-# cannot set them, and read_sidecar refuses a sidecar that lacks one.
-WRITTEN_FIELDS = {"format": str, "format_version": int, "file": str, "layout": str, "dtype": str}
-WRITTEN_FIELDS |= {"shape": list, "n_tokens": int, "file_size": int, "sha256": str}
-WRITTEN_FIELDS |= {"probe_sha256": str, "max_token_id": int, "tokenizer": str, "n_vocab": int}
-WRITTEN_FIELDS |= {"eot_id": int}
+# llm.c's shards: 256 int32 words (magic, version, count, zeros), then the ids.
+LLMC_HEADER_BYTES = 256 * 4
+LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # magic: version
+LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}
+LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # a model, ...
+# Two shards of one size, swapped, differ in their first or last 64 KiB.
+PROBE_BYTES = 1 << 16
+# The sidecar fields write_tokens writes, and their JSON types. The reader
+# needs only format and format_version; `prepare_tokens.py --verify`, all.
+WRITTEN_FIELDS = {
+    "format": str,
+    "format_version": int,
+    "file": str,
+    "layout": str,
+    "dtype": str,
+    "shape": list,
+    "n_tokens": int,
+    "file_size": int,
+    "sha256": str,
+    "probe_sha256": str,
+    "max_token_id": int,
+    "tokenizer": str,
+    "n_vocab": int,
+    "eot_id": int,
+}
 JSON_TYPES = {str: "string", int: "integer", list: "array"}
+SAMPLER_STATE_FORMAT = "npy_datasets.EpochSampler"
 
 
 class TokenFileError(ValueError):
@@ -86,165 +107,16 @@ class TokenFile(NamedTuple):
     """A token file as it was when it was checked and opened."""
 
     path: str
-    layout: str  # "npy" or "llmc" (both told by their first bytes), or "bin" (raw ids)
+    layout: str  # "npy", "llmc" or "bin" (raw ids)
     dtype: np.dtype
-    shape: tuple[int, ...]  # (tokens,), or (sequences, tokens of each) for a 2-D .npy
+    shape: tuple[int, ...]  # (tokens,), or (rows, tokens) for a 2-D .npy
     offset: int  # bytes before the first id
-    identity: tuple[int, int, int, int]  # device, inode, size, mtime: a replacement differs
+    identity: tuple[int, int, int, int]  # device, inode, size, mtime
     probe: str  # sha256 of its first and last PROBE_BYTES
     sidecar: dict[str, Any]  # {} for a file without one
 
 
-def write_tokens(
-    path: PathLike,
-    ids: Any,
-    *,
-    n_vocab: int,
-    tokenizer: str,
-    eot_id: int,
-    dtype: Any = None,
-    header: Callable[[np.dtype, tuple[int, ...]], bytes] | None = None,
-    **fields: Any,
-) -> dict[str, Any]:
-    """Write ids below n_vocab, then their JSON sidecar (with fields); return the sidecar. ids: an
-    array (2-D: a row a sequence), or an iterable of 1-D arrays, streamed (one a document, say).
-    A .bin path gets raw ids, any other .npy, or header(dtype, shape)'s bytes (one length for any
-    shape). Nothing old is replaced until all is written."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{str(path)!r} is a folder; write_tokens needs a file path")
-    _check_int("n_vocab", n_vocab, 1, 2**32)
-    _check_int("eot_id", eot_id, 0, n_vocab - 1)
-    if not isinstance(tokenizer, str) or not tokenizer:
-        raise TypeError(f"tokenizer must be a name such as 'tiktoken:gpt2', got {tokenizer!r}")
-    if dtype is None:  # GPT-2's largest id, 50256, fits uint16
-        dtype = "<u2" if n_vocab <= 2**16 else "<u4"
-    dtype = _token_dtype(dtype, "the dtype argument")
-    if n_vocab - 1 > np.iinfo(dtype).max:
-        raise ValueError(f"n_vocab={n_vocab:,} has ids that {dtype.name} cannot hold")
-    taken = sorted(fields.keys() & WRITTEN_FIELDS)
-    if taken:
-        raise TypeError(f"{str(path)!r}: write_tokens sets {taken} itself; nothing written")
-    fields = {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}
-    try:  # (ids == eot).sum() is a numpy int, now an int; what JSON cannot hold is refused
-        fields = json.loads(json.dumps(fields, allow_nan=False))
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"{str(path)!r}: a sidecar field is not JSON ({error}); nothing written")
-    fields = {**fields, "tokenizer": tokenizer}
-    fields |= {"n_vocab": int(n_vocab), "eot_id": int(eot_id)}
-    if header is None:  # raw ids in a .bin, as nanoGPT's train.bin
-        header = (lambda dtype, shape: b"") if path.suffix == ".bin" else _npy_header
-    return _write_atomically(path, ids, dtype, n_vocab, header, fields)
-
-
-def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    header = io.BytesIO()  # numpy pads it to 128 bytes for any shape
-    fields = {"descr": dtype.str, "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_1_0(header, fields)
-    return header.getvalue()
-
-
-def _write_atomically(
-    path: Path, ids: Any, dtype: np.dtype, n_vocab: int, header: Callable, fields: dict
-) -> dict[str, Any]:
-    """New files, renamed over the old ones after the old sidecar: none describes another file."""
-    side = sidecar_path(path)
-    tag = f"tmp.{os.getpid()}.{secrets.token_hex(4)}"  # .train.npy.tmp.<pid>.<random>
-    short = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # a name holds 255 bytes
-    tmp = path.with_name(f".{short}.{tag}")
-    side_tmp = path.with_name(f".{short}.json.{tag}")
-    try:
-        with open(tmp, "x+b") as f:  # "x": never a file, or a link, planted at that name
-            meta = _write_ids(f, path, ids, dtype, n_vocab, header)
-        meta |= fields
-        with open(side_tmp, "xb") as f:
-            f.write((json.dumps(meta, sort_keys=True, indent=2) + "\n").encode())
-            os.fsync(f.fileno())
-        side.unlink(missing_ok=True)
-        os.replace(tmp, path)
-        os.replace(side_tmp, side)
-        if os.name != "nt":  # the renames survive a power cut (Windows cannot open a folder)
-            folder = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-    except OSError as error:  # a full disk names no file, a missing folder the temporary one
-        if error.filename in (None, str(tmp), str(side_tmp)):
-            raise OSError(error.errno, f"{error.strerror} while writing", str(path)) from error
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)  # gone already after a rename
-        side_tmp.unlink(missing_ok=True)
-    return meta
-
-
-def _write_ids(
-    f: BinaryIO, path: Path, ids: Any, dtype: np.dtype, n_vocab: int, header: Callable
-) -> dict[str, Any]:
-    """Stream ids into f after a header rewritten once their count is known; return what the
-    sidecar says of the file, spelled once: open_tokens compares it with the file."""
-    start = header(dtype, (0,))
-    layout = "bin" if not start else "npy" if start.startswith(NPY_MAGIC) else "llmc"
-    llmc = int.from_bytes(start[:4], "little") in LLMC_VERSIONS
-    if (layout == "llmc" and not llmc) or (path.suffix == ".npy" and layout != "npy"):
-        raise ValueError(f"{str(path)!r}: header= writes llm.c's header only (.npy: numpy's)")
-    one_array = isinstance(ids, (list, tuple, range)) or hasattr(ids, "__array__")  # torch's too
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise TypeError(f"{str(path)!r}: ids are an array of ints, or an iterable of them")
-    chunks = [ids] if one_array else ids  # else an iterable of 1-D arrays
-    most_dims = 2 if one_array and layout == "npy" else 1  # raw ids keep no rows
-    f.write(start)
-    count, top, shape = 0, 0, (0,)
-    for chunk in chunks:
-        tokens = _checked_ids(path, chunk, dtype, n_vocab, most_dims)
-        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # 1-D: (0, 5) cannot be cast
-        count += tokens.size
-        top = max(top, int(tokens.max(initial=0)))
-        shape = tokens.shape if one_array else (count,)
-    if count == 0:
-        raise ValueError(f"{str(path)!r}: no token ids to write; nothing written")
-    f.seek(0)
-    if f.write(header(dtype, shape)) != len(start):
-        raise ValueError(f"{str(path)!r}: header= must give bytes of one length for any shape")
-    f.flush()
-    os.fsync(f.fileno())
-    size = os.fstat(f.fileno()).st_size
-    f.seek(0)
-    sha256 = hashlib.file_digest(f, "sha256").hexdigest()
-    f.seek(0)
-    probe = _probe(f, f.read(PROBE_BYTES), size)
-    about = {"format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name}
-    about |= {"layout": layout, "dtype": dtype.name, "shape": list(shape), "n_tokens": count}
-    return about | {"file_size": size, "sha256": sha256, "probe_sha256": probe, "max_token_id": top}
-
-
-def _checked_ids(
-    path: Path, chunk: Any, dtype: np.dtype, n_vocab: int, most_dims: int
-) -> np.ndarray:
-    """chunk as C-ordered ids of dtype, once each is below n_vocab: astype would wrap 70000."""
-    try:
-        ids = np.asarray(chunk)
-    except ValueError:  # numpy refuses a ragged list
-        fix = "to write rows of many lengths, pass an iterator of 1-D arrays: iter(rows)"
-        raise ValueError(f"{str(path)!r}: ragged ids; {fix}; nothing written") from None
-    except TypeError:  # torch's bfloat16, which numpy has no type for
-        found = getattr(chunk, "dtype", type(chunk).__name__)
-        raise TypeError(f"{str(path)!r}: ids must be integers, not {found}") from None
-    if not 1 <= ids.ndim <= most_dims or (ids.size and ids.dtype.kind not in "iu"):
-        found = f"{ids.dtype} {ids.shape}"
-        valid = "1-D or 2-D (.npy)" if most_dims == 2 else "1-D"
-        raise TypeError(f"{str(path)!r}: ids must be {valid} integers, not {found}")
-    if ids.size and (ids.min() < 0 or ids.max() >= n_vocab):
-        bad = ids.min() if ids.min() < 0 else ids.max()
-        raise ValueError(f"{str(path)!r}: token id {bad} is not below n_vocab={n_vocab}")
-    return np.ascontiguousarray(ids, dtype=dtype)  # C order, the order the file is read in
-
-
-def _probe(f: BinaryIO, head: bytes, size: int) -> str:
-    """sha256 of a file's first and last PROBE_BYTES: two files of one size differ there."""
-    f.seek(max(len(head), size - PROBE_BYTES))  # the tail, never the head twice
-    return hashlib.sha256(head + f.read(PROBE_BYTES)).hexdigest()
+# ---- Reading token files ----
 
 
 def sidecar_path(path: PathLike) -> Path:
@@ -253,44 +125,46 @@ def sidecar_path(path: PathLike) -> Path:
 
 
 def read_sidecar(path: PathLike) -> dict[str, Any] | None:
-    """A token file's JSON sidecar, or None; every field write_tokens writes, of its JSON type
-    (`prepare_tokens.py --verify` checks their values)."""
+    """A token file's JSON sidecar, or None: "format", "format_version", and
+    any field write_tokens writes, of its JSON type."""
     side = sidecar_path(path)
     if not os.path.lexists(side):
         return None
-    if not side.is_file():  # a FIFO would make the read below wait for a writer
+    if not side.is_file():  # a FIFO's read would wait for a writer
         raise TokenFileError(f"{str(side)!r} is not a file: a sidecar is JSON, or absent")
     try:
         meta = json.loads(side.read_bytes())
-    except (OSError, ValueError, RecursionError) as error:  # ValueError: bad JSON or UTF-8
-        raise TokenFileError(
-            f"{str(side)!r} is no JSON to read ({error}); write it again"
-        ) from None
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON
+        problem = f"{str(side)!r} is no JSON to read ({error})"
+        raise TokenFileError(f"{problem}; write it again") from None
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f'{str(side)!r} is not a sidecar: it lacks "format": "npy-tokens"')
     version = meta.get("format_version")
-    if type(version) is int and not 1 <= version <= FORMAT_VERSION:  # 1.0 or true: below
+    if type(version) is int and not 1 <= version <= FORMAT_VERSION:
         newer = f"this npy_datasets.py reads 1 to {FORMAT_VERSION}: copy a newer one"
         raise TokenFileError(f"{str(side)!r} has format_version {version!r}; {newer}")
-    for key, kind in WRITTEN_FIELDS.items():  # exact: a JSON true is a bool, not an integer
-        if type(meta.get(key)) is not kind:
-            found = f"is {meta[key]!r:.60}, not" if key in meta else "is missing: it needs"
-            problem = f"{key!r} {found} a JSON {JSON_TYPES[kind]}"
-            fix = "write the file again (rerun the prep step, or write_tokens)"
-            raise TokenFileError(f"{str(side)!r}: {problem}; {fix}")
+    # type(), not isinstance(): a JSON true is a bool, and a bool an int.
+    present = [k for k in WRITTEN_FIELDS if k in meta or k == "format_version"]
+    bad = next((k for k in present if type(meta.get(k)) is not WRITTEN_FIELDS[k]), None)
+    if bad is not None:
+        found = f"is {meta[bad]!r:.60}, not" if bad in meta else "is missing: it needs"
+        problem = f"{bad!r} {found} a JSON {JSON_TYPES[WRITTEN_FIELDS[bad]]}"
+        fix = "write the file again (rerun the prep step, or write_tokens)"
+        raise TokenFileError(f"{str(side)!r}: {problem}; {fix}")
     return meta
 
 
 def open_tokens(
     path: PathLike, dtype: Any = None, *, vocab_size: int | None = None, verify: bool = False
 ) -> np.memmap:
-    """A token file (.npy, llm.c shard, or raw ids of the sidecar's dtype or dtype=) as a
-    read-only memmap; vocab_size refuses larger ids, verify=True checks the sha256 too."""
+    """A token file (.npy, llm.c shard, or raw ids of the sidecar's dtype or
+    dtype=) as a read-only memmap. vocab_size refuses larger ids; verify=True
+    compares the sha256 too."""
     return _memmap(_open_file(os.fspath(path), dtype, vocab_size, verify))
 
 
 def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> TokenFile:
-    """A token file checked: a stat, its sidecar, a read of its head and tail, its header."""
+    """A token file checked: a stat, its sidecar, its head and tail, its header."""
     if vocab_size is not None:
         _check_int("vocab_size", vocab_size, 1)
     if type(verify) is not bool:
@@ -300,18 +174,19 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
         st = os.stat(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path!r} does not exist") from None
-    except OSError as error:  # a permission, a link loop, ...
+    except OSError as error:  # no permission, a link loop, ...
         raise TokenFileError(f"{path!r} cannot be read ({error.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):  # a folder; or a FIFO, whose reader waits for a writer
+    if not stat.S_ISREG(st.st_mode):  # a FIFO's read would wait for a writer
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise TokenFileError(f"{path!r} is {kind}; expected a .npy or .bin token file")
     if st.st_size == 0:
         raise TokenFileError(f"{path!r} is empty (0 bytes); write it again")
     meta = read_sidecar(path) or {}
-    if verify and not meta:
-        raise TokenFileError(f"{path!r} has no sidecar, whose sha256 verify=True compares")
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())  # the file open now: all below reads it, and _memmap maps it
+    if verify and "sha256" not in meta:
+        lacks = "its sidecar has no sha256" if meta else "it has no sidecar"
+        raise TokenFileError(f"{path!r}: {lacks}, whose sha256 verify=True compares")
+    with open(path, "rb") as f:  # all below reads it, and _memmap maps only it
+        st = os.fstat(f.fileno())
         head = f.read(PROBE_BYTES)
         layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
         probe = _probe(f, head, st.st_size)
@@ -319,22 +194,20 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
         digest = hashlib.file_digest(f, "sha256").hexdigest() if verify else None
     if dtype not in (None, found):
         raise TokenFileError(f"{path!r} holds {found.name}, but dtype={dtype.name} was passed")
-    actual = {"layout": layout, "dtype": found.name, "shape": list(shape), "file_size": st.st_size}
-    actual["probe_sha256"] = probe
-    bad = next((key for key in actual if meta and meta.get(key) != actual[key]), None)
-    if bad is not None:  # the sidecar must describe this very file
-        was = f"{bad} is {meta.get(bad)!r:.70} there, {actual[bad]!r:.70} here"
+    actual = {"layout": layout, "dtype": found.name, "shape": list(shape)}
+    actual |= {"file_size": st.st_size, "probe_sha256": probe}
+    bad = next((k for k in actual if k in meta and meta[k] != actual[k]), None)
+    if bad is not None:
+        was = f"{bad} is {meta[bad]!r:.70} there, {actual[bad]!r:.70} here"
         raise TokenFileError(f"{path!r} was replaced or damaged since its sidecar: {was}")
-    if verify and digest != meta.get("sha256"):  # a read of every byte
-        raise TokenFileError(
-            f"{path!r} is damaged: its sha256 is not its sidecar's, which verify=True compares"
-        )
+    if verify and digest != meta["sha256"]:
+        differs = "its sha256 is not its sidecar's, which verify=True compares"
+        raise TokenFileError(f"{path!r} is damaged: {differs}")
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
-    if vocab_size is not None:  # the sidecar's max_token_id, or else one scan of the file
-        top = meta.get("max_token_id") if meta else int(_memmap(file).max())
-        if type(top) is not int:
-            raise TokenFileError(f"{path!r}'s sidecar has no max_token_id to check vocab_size with")
+    if vocab_size is not None:  # max_token_id, or else a read of every id
+        top = meta.get("max_token_id")
+        top = int(_memmap(file).max()) if top is None else top
         if top >= vocab_size:
             raise TokenFileError(f"{path!r} holds ids up to {top}, past vocab_size={vocab_size}")
     return file
@@ -343,15 +216,15 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
 def _layout(
     path: str, head: bytes, size: int, meta: dict[str, Any], dtype: np.dtype | None
 ) -> tuple[str, np.dtype, tuple[int, ...], int]:
-    """The layout the first bytes tell, and the ids' dtype, shape and offset. A sidecar's "bin"
-    is final: raw ids may spell a magic (GPT-2's 20115, 19797, 22864 are b"\x93NUMPY")."""
+    """The layout the first bytes tell; the ids' dtype, shape and offset. A
+    sidecar's "bin" is final: GPT-2 ids 20115, 19797, 22864 spell the .npy magic."""
     magic = int.from_bytes(head[:4], "little")
     raw = meta.get("layout") == "bin"
     if not raw and (head.startswith(NPY_MAGIC) or path.endswith(".npy")):
         return ("npy", *_npy_layout(path, head, size))
     if not raw and magic in LLMC_OTHER_FILES:
         raise TokenFileError(f"{path!r} is an llm.c file, but not a token shard: magic {magic}")
-    if not raw and magic in LLMC_VERSIONS:  # checked as llm.c checks it: magic, version, size
+    if not raw and magic in LLMC_VERSIONS:  # as llm.c checks: version, size
         version, count = np.frombuffer(head[4:12].ljust(8, b"\0"), dtype="<i4").tolist()
         dtype = LLMC_DTYPES[magic]
         needed = LLMC_HEADER_BYTES + count * dtype.itemsize
@@ -359,7 +232,7 @@ def _layout(
             found = f"magic {magic}, version {version}, {count} tokens: {needed} bytes, not {size}"
             raise TokenFileError(f"{path!r} is not an llm.c token shard llm.c would read: {found}")
         return "llmc", dtype, (count,), LLMC_HEADER_BYTES
-    dtype = meta.get("dtype", dtype)  # raw ids: the sidecar's dtype, or else the argument's
+    dtype = meta.get("dtype", dtype)  # raw ids: the sidecar's dtype, or dtype=
     if dtype is None:
         fix = "pass dtype=np.uint16 (nanoGPT's train.bin) or np.uint32"
         raise TokenFileError(f"{path!r} holds raw ids and no sidecar gives their dtype: {fix}")
@@ -369,9 +242,20 @@ def _layout(
     return "bin", dtype, (size // dtype.itemsize,), 0
 
 
+def _llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """llm.c's shard header, as _layout reads it: magic, version, count."""
+    magic = next(m for m, d in LLMC_DTYPES.items() if d == dtype)
+    n_tokens = shape[0]
+    if n_tokens >= 2**31:  # the count is an int32
+        most = f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}"
+        raise ValueError(f"{most}; write it as several shards")
+    words = np.array([magic, LLMC_VERSIONS[magic], n_tokens], dtype="<i4")
+    return words.tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
+
+
 def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int, ...], int]:
-    """A .npy header as numpy's own reader parses it (it never unpickles), then what numpy leaves
-    to us, checked before anything is mapped: uint16 or uint32, 1-D or 2-D, C order, whole."""
+    """A .npy header, parsed by numpy (which never unpickles), then what numpy
+    leaves to us: uint16 or uint32, 1-D or 2-D, C order, whole."""
     if not head.startswith(NPY_MAGIC):
         found = "is cut short in" if NPY_MAGIC.startswith(head) else f"starts {head[:6]!r}, not"
         raise TokenFileError(f"{path!r} {found} the .npy magic (raw ids belong in a .bin)")
@@ -379,17 +263,18 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
         (1, 0): np.lib.format.read_array_header_1_0,
         (2, 0): np.lib.format.read_array_header_2_0,
     }
-    try:
-        with io.BytesIO(head) as f:  # the bytes read already: numpy caps a header at 10,000
+    try:  # the bytes read already: numpy refuses a header over 10,000 bytes
+        with io.BytesIO(head) as f:
             version = np.lib.format.read_magic(f)
-            if version not in readers:  # 3.0 holds utf-8 field names: never a token array
+            if version not in readers:  # 3.0: UTF-8 field names, never token ids
                 raise ValueError(f"format version {version}, where token files are 1.0 or 2.0")
             shape, fortran, found = readers[version](f)
             offset = f.tell()
-    except Exception as error:  # numpy raises several kinds for a damaged header
-        reason = str(error).split(".\n")[0].split(". ")[0]  # never numpy's allow_pickle advice
+    except Exception as error:  # numpy raises several kinds
+        # Its first sentence: the rest may advise allow_pickle.
+        reason = str(error).split(".\n")[0].split(". ")[0]
         raise TokenFileError(f"{path!r} has a .npy header numpy cannot read: {reason}") from None
-    dtype = _token_dtype(found, repr(path))  # before any map: a 0-byte dtype kills numpy's
+    dtype = _token_dtype(found, repr(path))  # a 0-byte dtype would kill numpy
     if (
         not 1 <= len(shape) <= 2
         or any(type(n) is not int for n in shape)  # numpy lets True pass as an int
@@ -401,56 +286,43 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
         raise TokenFileError(f"{path!r} holds shape {shape} in {order} order: {valid}")
     needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
     if needed > size:
-        raise TokenFileError(
-            f"{path!r} is cut short: its header needs {needed:,} bytes, it has {size:,}"
-        )
+        short = f"its header needs {needed:,} bytes, it has {size:,}"
+        raise TokenFileError(f"{path!r} is cut short: {short}")
     return dtype, shape, offset
 
 
 def _token_dtype(dtype: Any, where: str) -> np.dtype:
-    """dtype as little-endian uint16 or uint32, the widths of token ids, or an error."""
+    """dtype as little-endian uint16 or uint32 (the widths of token ids)."""
     try:
         found = np.dtype(dtype)
-    except (TypeError, ValueError):  # numpy raises either for what is not a dtype
+    except (TypeError, ValueError):
         raise TokenFileError(f"{where}: {dtype!r} is not a dtype; use uint16 or uint32") from None
     if found.kind != "u" or found.itemsize not in (2, 4) or found.byteorder == ">":
         raise TokenFileError(f"{where}: dtype {found.str!r} is not uint16 or uint32, little-endian")
     return found.newbyteorder("<")
 
 
+def _probe(f: BinaryIO, head: bytes, size: int) -> str:
+    """sha256 of a file's first and last PROBE_BYTES, no byte twice."""
+    f.seek(max(len(head), size - PROBE_BYTES))
+    return hashlib.sha256(head + f.read(PROBE_BYTES)).hexdigest()
+
+
 def _memmap(file: TokenFile) -> np.memmap:
-    """The checked file's ids, read-only. The path is opened once more and mapped only if the
-    open file is the one checked: another file renamed over the path since then is refused."""
+    """The checked file's ids, read-only, mapped only if the path still opens
+    the file checked: one renamed over it since is refused."""
     try:
         with open(file.path, "rb") as f:
             st = os.fstat(f.fileno())
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity:
                 return np.memmap(f, file.dtype, "r", offset=file.offset, shape=file.shape)
-    except (OSError, ValueError) as error:  # out of descriptors, say: each map holds one
-        limit, in_use = _descriptors()
-        fix = f": {in_use} in use, the limit is {limit}; raise it (ulimit -n {_fits(in_use, 1)})"
-        fix = fix if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE) else ""
-        reason = getattr(error, "strerror", None) or error  # ValueError: it shrank just now
-        raise TokenFileError(f"{file.path!r} cannot be mapped ({reason}){fix}") from None
+    except (OSError, ValueError) as error:  # ValueError: it shrank just now
+        reason = getattr(error, "strerror", None) or error
+        problem = f"{file.path!r} cannot be mapped ({reason})"
+        if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE):
+            problem += f"; {_limit_fix(1, '')}"  # out of descriptors
+        raise TokenFileError(problem) from None
     raise TokenFileError(f"{file.path!r} changed since it was checked: open it again")
-
-
-def _descriptors() -> tuple[int | None, int]:
-    try:
-        import resource  # Unix only
-    except ImportError:
-        return None, 0
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = None if limit == resource.RLIM_INFINITY else limit
-    try:
-        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
-    except OSError:  # listing them takes one: none is left
-        return limit, limit or 0
-
-
-def _fits(in_use: int, needed: int) -> int:
-    """An open-file limit to advise: room for twice what is in use and needed, 4096 at least."""
-    return max(4096, 2 * (in_use + needed))
 
 
 def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
@@ -460,27 +332,29 @@ def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
         raise ValueError(f"{name} must be from {low:,} to {high:,}, got {value}")
 
 
-# ---- 2. The dataset: windows, and one batched gather -------------------------------------------
+# ---- The dataset: windows, and one gather a batch ----
 
 
 def _expand_paths(path: Any) -> list[str]:
-    """One token file, a list of them, or a glob pattern ('data/train_*.npy', sorted by name)."""
+    """A token file, a list of them, or a glob ('data/train_*.npy', sorted)."""
     files = path if isinstance(path, (list, tuple)) else [path]
     if not files or not all(isinstance(p, (str, os.PathLike)) for p in files):
         raise TypeError(f"path must be a file, a glob or a non-empty list of files: {path!r:.100}")
     text = os.fspath(files[0])
-    if isinstance(path, (list, tuple)) or os.path.exists(text) or not set(text) & set("*?["):
+    pattern = not os.path.exists(text) and bool(set(text) & set("*?["))
+    if isinstance(path, (list, tuple)) or not pattern:
         return [os.fspath(p) for p in files]
-    found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))  # not the sidecars
+    found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))
     if not found:
         raise FileNotFoundError(f"no token file matches {text!r} (sidecars, *.json, are skipped)")
     return found
 
 
 def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
-    other = next((f for f in files if f.dtype != files[0].dtype), None)
+    first = files[0]
+    other = next((f for f in files if f.dtype != first.dtype), None)
     if other is not None:
-        both = f"{other.path!r} holds {other.dtype.name}, {files[0].path!r} {files[0].dtype.name}"
+        both = f"{other.path!r} holds {other.dtype.name}, {first.path!r} {first.dtype.name}"
         raise TokenFileError(f"{both}: a dataset has one dtype")
     named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
     if len(named) > 1:
@@ -488,11 +362,15 @@ def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
 
 
 class NpyTokensDataset:
-    """(x, y) next-token windows of token files: int64 tensors, y being x shifted by one token.
-    ds[i] is window i, (seq_len,) each; ds[epoch, indices] a batch, gathered in one pass. Files (a
-    list, or a sorted glob) share one index space; no window crosses a file or a 2-D file's row.
-    mode="windows": window i is tokens[i*seq_len : (i+1)*seq_len + 1]; mode="random":
-    num_samples windows an epoch, each starting anywhere, drawn from (seed, epoch, i) alone."""
+    """(x, y) next-token windows of token files: int64, y is x shifted by one.
+
+    ds[i] is window i, (seq_len,) each; ds[epoch, indices] a batch, gathered at
+    once. Files (a list, or a sorted glob) share one index space; no window
+    crosses a file or a row of a 2-D file. mode="windows": window i is
+    tokens[i*seq_len : (i+1)*seq_len + 1]. mode="random": num_samples windows
+    an epoch, each starting anywhere, drawn from (seed, epoch, i) alone.
+    A plain DataLoader(ds, batch_size=B) passes no epoch: it gets epoch 0's
+    windows every epoch, the same draws in mode="random"."""
 
     def __init__(
         self,
@@ -518,33 +396,42 @@ class NpyTokensDataset:
         self.mode = mode
         self.seed = int(seed)
         self.paths = _expand_paths(path)
-        self.files = [_open_file(p, dtype, vocab_size, verify) for p in self.paths]  # fail now
+        self.files = [_open_file(p, dtype, vocab_size, verify) for p in self.paths]
         self.dtype = self.files[0].dtype
         _check_one_dtype_and_tokenizer(self.files)
-        shapes = np.array([f.shape if len(f.shape) == 2 else (1, *f.shape) for f in self.files])
-        self._row_len = shapes[:, 1]  # tokens of each file's rows (sequences)
+        shapes = [f.shape if len(f.shape) == 2 else (1, *f.shape) for f in self.files]
+        shapes = np.array(shapes)  # (rows, tokens of each): a 1-D file is one row
+        self._row_len = shapes[:, 1]
         self._windows_per_row = (self._row_len - 1) // self.seq_len
-        self._starts_per_row = np.maximum(self._row_len - self.seq_len, 0)  # random starts
-        # [0, c0, c0 + c1, ...]: window k is in the file f with bounds[f] <= k < bounds[f + 1]
-        self._window_bounds = np.concatenate(([0], np.cumsum(shapes[:, 0] * self._windows_per_row)))
-        self._start_bounds = np.concatenate(([0], np.cumsum(shapes[:, 0] * self._starts_per_row)))
+        self._starts_per_row = np.maximum(self._row_len - self.seq_len, 0)
+        # Window k is in file f where bounds[f] <= k < bounds[f + 1]; starts too.
+        windows = np.cumsum(shapes[:, 0] * self._windows_per_row)
+        starts = np.cumsum(shapes[:, 0] * self._starts_per_row)
+        self._window_bounds = np.concatenate(([0], windows))
+        self._start_bounds = np.concatenate(([0], starts))
         if self._window_bounds[-1] == 0:
-            need = f"{self._row_len.max()} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
+            longest = self._row_len.max()
+            need = f"{longest} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
             fix = "use a smaller seq_len, or prepare with a larger --val-fraction"
             raise ValueError(f"{self.paths[0]!r} and the rest hold no window: {need}; {fix}")
-        self.num_samples = int(self._window_bounds[-1] if num_samples is None else num_samples)
+        total = self._window_bounds[-1] if num_samples is None else num_samples
+        self.num_samples = int(total)
         self._one_flat_file = len(self.files) == 1 and len(self.files[0].shape) == 1
-        self._maps: dict[int, np.ndarray] = {}  # file -> its windows, least recently used first
-        self._pid = None  # the process whose maps those are: each maps files of its own
+        # Each process (a DataLoader worker) maps files of its own, least
+        # recently used first, and sizes _max_maps when it maps its first.
+        self._maps: dict[int, np.ndarray] = {}
+        self._pid = None
+        self._max_maps = MAX_OPEN_FILES
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_maps": {}}  # never pickle mapped data: workers map their own
+    def __getstate__(self) -> dict[str, Any]:  # a worker maps files itself
+        return {**self.__dict__, "_maps": {}}
 
     def __len__(self) -> int:
         return self.num_samples
 
     def fingerprint(self) -> dict[str, Any]:
-        """What decides the windows: each file's name, size, shape and hashes; the settings."""
+        """What decides the windows: the files' names, sizes, shapes and hashes,
+        and the settings."""
         files = [
             {"name": Path(f.path).name, "bytes": f.identity[2], "dtype": f.dtype.name}
             | {"shape": list(f.shape), "sha256": f.sidecar.get("sha256"), "probe": f.probe}
@@ -554,26 +441,28 @@ class NpyTokensDataset:
         return {"files": files, **settings, "num_samples": self.num_samples}
 
     def __getitem__(self, index: int | tuple[int, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(index, tuple):  # one window of epoch 0: (seq_len,) each
+        if not isinstance(index, tuple):
             x, y = self._gather(0, self._indices([index]))
             return x[0], y[0]
         if len(index) != 2 or not isinstance(index[1], (list, np.ndarray)):
-            raise TypeError(
-                f"use ds[i] or ds[epoch, indices], indices a list or array: {index!r:.80}"
-            )
+            use = "use ds[i] or ds[epoch, indices], indices a list or array"
+            raise TypeError(f"{use}: {index!r:.80}")
         _check_int("epoch", index[0], 0)
         return self._gather(int(index[0]), self._indices(index[1]))
 
     def __getitems__(self, keys: list[int] | tuple) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A batch of windows gathered in one pass: epoch 0's for DataLoader(ds, batch_size=B), or
-        an EpochSampler's (epoch, indices) for DataLoader(ds, batch_sampler=sampler)."""
+        """A batch, gathered at once: an EpochSampler's (epoch, indices) under
+        DataLoader(ds, batch_sampler=sampler), or indices, always of epoch 0."""
         epoch, indices = keys if isinstance(keys, tuple) and len(keys) == 2 else (0, keys)
+        if self.mode == "random" and not isinstance(keys, tuple):
+            fix = "use make_dataloaders, or an EpochSampler as batch_sampler="
+            warnings.warn(f'mode="random" with no epoch: the same windows each epoch; {fix}')
         _check_int("epoch", epoch, 0)
         x, y = self._gather(int(epoch), self._indices(indices))
         return list(zip(x, y))
 
     def _indices(self, keys: list | np.ndarray) -> np.ndarray:
-        """Window indices as int64 in [0, len(self)); a negative one counts from the end."""
+        """Window indices as int64 in [0, len(self)); -1 is the last."""
         found = np.asarray(keys)
         bools = isinstance(keys, list) and bool in map(type, keys)  # numpy reads True as 1
         if found.ndim != 1 or (found.size and found.dtype.kind not in "iu") or bools:
@@ -584,44 +473,50 @@ class NpyTokensDataset:
         if low < -n or high >= n:
             bad = low if low < -n else high
             raise IndexError(f"index {bad} is out of range for {n} windows of {self.paths[0]!r}")
-        return found.astype(np.int64) % n if low < 0 else found.astype(np.int64, copy=False)
+        if low < 0:
+            return found.astype(np.int64) % n
+        return found.astype(np.int64, copy=False)
 
     def locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The file of each window, and the position of its first token in that file."""
-        indices = np.asarray(indices, dtype=np.int64)  # a list too
-        if self.mode == "random":  # start k of all the files' starts, from (seed, epoch, index)
-            key = _splitmix64(_splitmix64(self.seed) + epoch)  # epoch e's i + 1 is not e + 1's i
+        """The file of each window, and its first token's position there."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if self.mode == "random":  # start k of all the files' starts
+            # Seed and epoch are hashed before the index is added: else window
+            # i + 1 of epoch e would be window i of epoch e + 1.
+            key = _splitmix64(_splitmix64(self.seed) + epoch)
             hashed = _splitmix64(indices.astype(np.uint64) + np.uint64(key))
             slots = (hashed % np.uint64(self._start_bounds[-1])).astype(np.int64)
             bounds, per_row, stride = self._start_bounds, self._starts_per_row, 1
-        else:  # window k of all the files' windows
+        else:
             slots = indices
-            bounds, per_row, stride = self._window_bounds, self._windows_per_row, self.seq_len
+            bounds, per_row = self._window_bounds, self._windows_per_row
+            stride = self.seq_len
         if self._one_flat_file:  # no search, no division
             return np.zeros_like(slots), slots * stride
-        files = np.searchsorted(bounds[1:], slots, side="right")  # the file that holds each slot
-        rows, place = np.divmod(slots - bounds[files], per_row[files])  # its row, its place there
+        files = np.searchsorted(bounds[1:], slots, side="right")
+        rows, place = np.divmod(slots - bounds[files], per_row[files])
         return files, rows * self._row_len[files] + place * stride
 
     def _gather(self, epoch: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch of windows, by one fancy index into each file's window view, widened to int64."""
+        """A batch: one fancy index into each file's windows, widened to int64."""
         import torch
 
         files, firsts = self.locate(epoch, indices)
         if len(self.files) == 1:
-            windows = self._windows(0)[firsts]  # row b: tokens firsts[b] .. + seq_len
+            windows = self._windows(0)[firsts]
         else:
             windows = np.empty((len(firsts), self.seq_len + 1), dtype=self.dtype)
-            for f in np.unique(files).tolist():  # file by file: one map in use at a time
+            for f in np.unique(files).tolist():  # one map in use at a time
                 mine = files == f
                 windows[mine] = self._windows(f)[firsts[mine]]
-        x = windows[:, :-1].astype(np.int64)  # numpy widens unsigned ids exactly
+        x = windows[:, :-1].astype(np.int64)
         y = windows[:, 1:].astype(np.int64)
         return torch.from_numpy(x), torch.from_numpy(y)
 
     def _windows(self, f: int) -> np.ndarray:
-        """File f's windows, mapped in this process once the file is checked to be the one opened
-        (a read of a mapped file truncated in place kills the process with SIGBUS)."""
+        """File f's windows (row s: tokens s to s + seq_len), mapped in this
+        process once the file is checked to be the one opened: a read of a
+        map of a file truncated since kills the process (SIGBUS)."""
         file = self.files[f]
         try:
             st = os.stat(file.path)
@@ -630,40 +525,26 @@ class NpyTokensDataset:
             same = False
         if not same:
             raise TokenFileError(f"{file.path!r} changed since the dataset opened it: open it anew")
-        if self._pid != os.getpid():  # a new process, a DataLoader worker say: maps of its own
-            self._maps = {}  # the maps a forked worker inherited go, and their descriptors
+        if self._pid != os.getpid():  # a worker: its inherited maps go
+            self._maps = {}
             self._pid = os.getpid()
-            limit, in_use = _descriptors()  # keep half of those free after DataLoader's own
-            free = MAX_OPEN_FILES if limit is None else (limit - in_use - LOADER_DESCRIPTORS) // 2
-            self._max_maps = max(1, min(MAX_OPEN_FILES, free))
-            _check_worker_descriptors(limit, in_use)
-        windows = self._maps.pop(f, None)  # put back last: the most recently used goes last
+            self._max_maps = _maps_this_process_may_keep()
+        windows = self._maps.pop(f, None)  # put back last: in order of use
         while windows is None and len(self._maps) >= self._max_maps:
-            del self._maps[next(iter(self._maps))]  # the least recently used map, and its file
-        if windows is None:
-            flat = np.asarray(_memmap(file)).reshape(-1)  # a plain array: no memmap bookkeeping
-            step = flat.strides[0]  # row s is tokens s .. s + seq_len: no copy, rows overlap
+            del self._maps[next(iter(self._maps))]
+        if windows is None:  # overlapping rows over the map: no copy
+            flat = np.asarray(_memmap(file)).reshape(-1)
+            step = flat.strides[0]
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)
-            windows = np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
+            strides = (step, step)
+            windows = np.lib.stride_tricks.as_strided(flat, shape, strides, writeable=False)
         self._maps[f] = windows
         return windows
 
 
-def _check_worker_descriptors(limit: int | None, in_use: int) -> None:
-    """A DataLoader worker with fewer than LOADER_DESCRIPTORS free cannot hand a batch over: it
-    would lose it and the loader wait for ever (descriptors were opened after make_dataloaders)."""
-    from torch.utils.data import get_worker_info
-
-    if get_worker_info() is not None and limit is not None and limit - in_use < LOADER_DESCRIPTORS:
-        state = f"a DataLoader worker has {limit - in_use} of {limit} descriptors free"
-        fix = f"raise the limit (ulimit -n {_fits(in_use, LOADER_DESCRIPTORS)})"
-        fix += " or open fewer files after make_dataloaders"
-        raise TokenFileError(f"{state}, fewer than {LOADER_DESCRIPTORS}: {fix}")
-
-
 def _splitmix64(x: Any) -> Any:
-    """SplitMix64's output function: a well-spread 64-bit value of each input, a Python int or a
-    uint64 array (whose arithmetic wraps at 2**64 by itself)."""
+    """SplitMix64's output function: a well-spread 64-bit value of each input,
+    a Python int or a uint64 array (which wraps at 2**64 by itself)."""
     mask = 2**64 - 1
     x = (x + 0x9E3779B97F4A7C15) & mask
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
@@ -671,9 +552,85 @@ def _splitmix64(x: Any) -> Any:
     return x ^ (x >> 31)
 
 
-# ---- 3. The sampler: epochs, ranks and resume state --------------------------------------------
+# ---- The open-file budget ----
+# Each map holds a descriptor, and a DataLoader worker hands each batch over
+# through shared memory, a descriptor a tensor. Under a low open-file limit
+# (ulimit -n) a worker loses a batch and the loader waits for ever. This block
+# keeps maps within the limit, and refuses at once, naming it, what would hang.
+# A copier who never meets a low limit can cut it whole, with the lines that
+# call into it (in _memmap, _windows, EpochLoader.__iter__, make_dataloaders)
+# and a number for _max_maps in NpyTokensDataset.__init__.
 
-SAMPLER_STATE_FORMAT = "npy_datasets.EpochSampler"
+MAX_OPEN_FILES = 1024  # files one process keeps mapped at most
+# 2 workers prefetching 2 batches hung with under 24 free: 16 for the loader,
+# 2 (x and y) a batch in flight. BATCH_DESCRIPTORS doubles that.
+LOADER_DESCRIPTORS = 16
+BATCH_DESCRIPTORS = 4
+
+
+def _descriptors() -> tuple[int | None, int]:
+    """The open-file limit (None: none, or not Unix), and descriptors in use."""
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return None, 0
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = None if limit == resource.RLIM_INFINITY else limit
+    try:
+        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
+    except OSError:  # listing them takes a descriptor: none is left
+        return limit, limit or 0
+
+
+def _fits(in_use: int, needed: int) -> int:
+    """A limit to advise: twice what is in use and needed, 4096 at least."""
+    return max(4096, 2 * (in_use + needed))
+
+
+def _limit_fix(needed: int, or_else: str) -> str:
+    """Descriptors in use, the limit, and a limit with room for `needed` more."""
+    limit, in_use = _descriptors()
+    fix = f"raise it (ulimit -n {_fits(in_use, needed)}){or_else}"
+    return f"{in_use} descriptors in use, the limit is {limit}: {fix}"
+
+
+def _maps_this_process_may_keep() -> int:
+    """Half the descriptors free after DataLoader's own, at most MAX_OPEN_FILES.
+    A worker with fewer than LOADER_DESCRIPTORS free would lose batches: refused."""
+    from torch.utils.data import get_worker_info
+
+    limit, in_use = _descriptors()
+    if limit is None:
+        return MAX_OPEN_FILES
+    free = limit - in_use
+    if get_worker_info() is not None and free < LOADER_DESCRIPTORS:
+        fix = _limit_fix(LOADER_DESCRIPTORS, " or open fewer files after make_dataloaders")
+        few = f"{free} descriptors free, fewer than {LOADER_DESCRIPTORS}"
+        raise TokenFileError(f"a DataLoader worker has {few}; {fix}")
+    return max(1, min(MAX_OPEN_FILES, (free - LOADER_DESCRIPTORS) // 2))
+
+
+def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
+    """Refuse now, naming the limit, what a low one fails later: workers that
+    hand batches over, and pinned memory, which starts CUDA."""
+    limit, in_use = _descriptors() if num_workers else (None, 0)
+    in_flight = num_workers * prefetch_factor  # batches workers fetch ahead
+    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * in_flight
+    if limit is not None and limit - in_use < needed:
+        fix = _limit_fix(needed, " or use num_workers=0")
+        raise ValueError(f"{num_workers} workers need {needed} free descriptors; {fix}")
+    if pin:
+        import torch
+
+        try:
+            torch.empty(1).pin_memory()
+        except RuntimeError as error:  # torch.AcceleratorError is one
+            fix = _limit_fix(LOADER_DESCRIPTORS, " or pass pin_memory=False")
+            failed = f"CUDA, which failed ({str(error).strip().splitlines()[0]})"
+            raise RuntimeError(f"pinning memory starts {failed}; {fix}") from error
+
+
+# ---- The sampler: epochs, ranks and resume state ----
 
 
 @dataclass
@@ -681,23 +638,25 @@ class SamplerPass:
     """One pass over an EpochSampler, as far as it has gone."""
 
     epoch: int
-    start: int  # where in the epoch's order it began (a global position: all ranks' items)
+    start: int  # where it began in the epoch's order (all ranks' items)
     items: int  # the indices this rank's pass holds
-    handed: int = 0  # how many of them reached the loop so far
+    handed: int = 0  # how many of them reached the loop
 
 
 class EpochSampler:
-    """Batches of window indices, (epoch, indices), for DataLoader(ds, sampler=..., batch_size=None).
-    Epoch e's order is drawn from (seed, e) alone. Rank r of world_size W takes the order's items
-    r, r + W, ...; remainder="drop" leaves out the last n % W items, "pad" repeats the first ones.
+    """Batches of window indices, (epoch, indices), for an EpochLoader or a
+    DataLoader(ds, batch_sampler=sampler). Epoch e's order is drawn from
+    (seed, e) alone. Rank r of W takes its items r, r + W, ...; remainder=
+    "drop" leaves out the last n % W, "pad" repeats the first ones.
 
-    Which epoch a pass serves: after a pass that served all its batches, the next epoch from its
-    start; after a pass the loop left early (a break, a peek), the same pass again. set_epoch(e)
-    makes the next pass epoch e from its start, except right after load_state_dict, when only the
-    loaded epoch is accepted and its pass starts at the loaded position. len() is a whole epoch's
-    batches of this rank, also when a resumed pass holds fewer. Inside make_dataloaders' loader a
-    batch is served when the loop receives it; iterated by a plain DataLoader, when it is handed to
-    the workers, which fetch ahead."""
+    The epoch rules. A pass is one iteration. After a pass that served all its
+    batches comes the next epoch, from its start; after a pass the loop left
+    early (a break, a peek), the same pass again. set_epoch(e) makes the next
+    pass epoch e, from its start; right after load_state_dict, only the loaded
+    epoch, from the loaded position. len() is a whole epoch's batches of this
+    rank, even when a resumed pass holds fewer. A batch is served when the
+    loop receives it (EpochLoader), or when it goes to a plain DataLoader's
+    workers, which fetch ahead."""
 
     def __init__(
         self,
@@ -719,7 +678,7 @@ class EpochSampler:
             raise ValueError(f'remainder must be "drop" or "pad", got {remainder!r}')
         if (world_size is None) != (rank is None):
             raise ValueError(f"pass both world_size and rank, or neither: {world_size}, {rank}")
-        self._world_from_torch = world_size is None  # checked again when each pass begins
+        self._world_from_torch = world_size is None  # checked again each pass
         if world_size is None:
             world_size, rank = _distributed_world()
         _check_int("world_size", world_size, 1)
@@ -732,13 +691,14 @@ class EpochSampler:
         self.world_size = int(world_size)
         self.rank = int(rank)
         self.remainder = remainder
-        self._epoch = 0  # the next pass's epoch and start, unless the latest pass was served whole
+        # The next pass's epoch and start, unless the latest was served whole.
+        self._epoch = 0
         self._start = 0
-        self._resumed = False  # a loaded position that no pass has served to its end yet
+        self._resumed = False  # loaded, and no pass has run to its end since
         self._latest: SamplerPass | None = None  # the pass that began last
-        fingerprint = getattr(data_source, "fingerprint", None)  # a dataset's files and settings
+        fingerprint = getattr(data_source, "fingerprint", None)
         self._fingerprint = None if fingerprint is None else fingerprint()
-        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory
+        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is in memory
             raise ValueError(f"{self.num_samples:,} windows: an epoch takes 1 to 2**31 windows")
         if len(self) == 0:
             share = f"{self._share(self.num_samples)} windows a rank: lower batch_size or ranks"
@@ -759,8 +719,8 @@ class EpochSampler:
         return self._epoch, self._start
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass is epoch `epoch`, from its start, even while one runs; right after
-        load_state_dict, only the loaded epoch, from the loaded position."""
+        """The next pass is epoch `epoch`, from its start, even while one runs;
+        right after load_state_dict, only the loaded epoch, at its position."""
         _check_int("epoch", epoch, 0)
         resuming = self._resumed and not self._finished()
         if resuming and epoch != self._epoch:
@@ -776,13 +736,15 @@ class EpochSampler:
     def __len__(self) -> int:
         """A whole epoch's batches of this rank."""
         items = self._share(self.num_samples)
-        return items // self.batch_size if self.drop_last else -(-items // self.batch_size)
+        size = self.batch_size
+        return items // size if self.drop_last else _ceil_div(items, size)
 
     def _share(self, n: int) -> int:
-        return n // self.world_size if self.remainder == "drop" else -(-n // self.world_size)
+        world = self.world_size
+        return n // world if self.remainder == "drop" else _ceil_div(n, world)
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
-        """This rank's indices of `epoch`, from position `start` of the epoch's order on."""
+        """This rank's indices of `epoch`, from `start` of the epoch's order on."""
         if not 0 <= start <= self.num_samples:
             raise ValueError(f"start must be from 0 to {self.num_samples:,}, got {start}")
         if self.shuffle:
@@ -791,9 +753,9 @@ class EpochSampler:
             full = np.arange(self.num_samples)
         rest = full[start:]
         extra = len(rest) % self.world_size
-        if extra and self.remainder == "drop":  # leave out the order's last items
+        if extra and self.remainder == "drop":
             rest = rest[: len(rest) - extra]
-        elif extra:  # or repeat its first ones (np.resize repeats them again if need be)
+        elif extra:  # np.resize repeats the first items as often as need be
             rest = np.concatenate((rest, np.resize(full, self.world_size - extra)))
         return rest[self.rank :: self.world_size]
 
@@ -805,7 +767,7 @@ class EpochSampler:
             yield epoch, indices
 
     def _begin(self) -> tuple[SamplerPass, Iterator[tuple[int, np.ndarray]]]:
-        """Begin the next pass: its record, and its batches (which the caller counts)."""
+        """Begin the next pass: its record, and its batches (the caller counts)."""
         if self._world_from_torch and _distributed_world() != (self.world_size, self.rank):
             world, rank = _distributed_world()
             made = f"made for rank {self.rank} of {self.world_size}, now rank {rank} of {world}"
@@ -814,32 +776,35 @@ class EpochSampler:
         self._resumed = self._resumed and not self._finished()
         epoch, start = self._next_pass()
         mine = self.order(epoch, start)
-        if self.drop_last:  # whole batches only
+        if self.drop_last:
             mine = mine[: len(mine) // self.batch_size * self.batch_size]
         self._epoch = epoch
         self._start = start
         self._latest = SamplerPass(epoch, start, len(mine))
         size = self.batch_size
-        return self._latest, ((epoch, mine[lo : lo + size]) for lo in range(0, len(mine), size))
+        batches = ((epoch, mine[lo : lo + size]) for lo in range(0, len(mine), size))
+        return self._latest, batches
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where the next batch comes from (JSON): after `consumed` batches of the latest pass,
-        `step` of enumerate(loader, 1), or else all that reached the loop."""
+        """Where the next batch comes from (JSON): after `consumed` batches of the
+        latest pass (step of enumerate(loader, 1)), or else all the loop got."""
         latest = self._latest or SamplerPass(self._epoch, self._start, 0)
         items = latest.handed
         if consumed is not None:
-            handed = -(-latest.handed // self.batch_size)  # batches, the last one maybe short
+            handed = _ceil_div(latest.handed, self.batch_size)
             _check_int("consumed", consumed, 0)
             if consumed > handed:
                 count = "count this pass's batches (enumerate(loader, 1)), not all steps"
                 raise ValueError(f"consumed={consumed}, but the pass handed out {handed}: {count}")
             items = min(int(consumed) * self.batch_size, latest.items)
-        epoch, position = latest.epoch, latest.start + items * self.world_size
-        if self._latest is not None and items == latest.items:  # the whole pass: the next epoch
+        epoch = latest.epoch
+        position = latest.start + items * self.world_size
+        if self._latest is not None and items == latest.items:  # all served
             epoch, position = latest.epoch + 1, 0
-        state = {"format": SAMPLER_STATE_FORMAT, "version": 1, "epoch": epoch, "position": position}
-        settings = {"num_samples": self.num_samples, "shuffle": self.shuffle, "seed": self.seed}
-        return {**state, "dataset": self._fingerprint, **settings}
+        state = {"format": SAMPLER_STATE_FORMAT, "version": 1}
+        state |= {"epoch": epoch, "position": position, "dataset": self._fingerprint}
+        settings = {"num_samples": self.num_samples, "shuffle": self.shuffle}
+        return state | settings | {"seed": self.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where a state_dict() of the same windows, order and seed stopped."""
@@ -848,10 +813,10 @@ class EpochSampler:
             raise ValueError(f"not an EpochSampler state (keys {sorted(mine)}): {state!r:.200}")
         settings = [k for k in mine if k not in ("epoch", "position")]
         differs = [k for k in settings if (type(state[k]), state[k]) != (type(mine[k]), mine[k])]
-        bad = next(iter(differs), None)
-        if bad is not None:  # types too: a JSON true is not 1
+        bad = next(iter(differs), None)  # types too: a JSON true is not 1
+        if bad is not None:
             saved, here = state[bad], mine[bad]
-            if isinstance(saved, dict) and isinstance(here, dict):  # the dataset: which field of it
+            if isinstance(saved, dict) and isinstance(here, dict):  # the dataset's
                 inner = next((k for k in here if saved.get(k) != here[k]), "")
                 bad, saved, here = f"{bad}.{inner}", saved.get(inner), here.get(inner)
             there = f"{saved!r:.120} in the state, {here!r:.120} here"
@@ -864,30 +829,36 @@ class EpochSampler:
         self._latest = None
 
 
+def _ceil_div(a: int, b: int) -> int:
+    """a / b rounded up: the last batch may be short."""
+    return -(-a // b)
+
+
 def _distributed_world() -> tuple[int, int]:
-    """(world_size, rank) of torch.distributed, or (1, 0) in a process torchrun did not start."""
+    """(world_size, rank) of torch.distributed; (1, 0) outside torchrun."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
-    launched = os.environ.get("WORLD_SIZE", "1")  # torchrun, Lightning and accelerate set it
+    launched = os.environ.get("WORLD_SIZE", "1")  # torchrun sets it
     if launched != "1":
         fix = "call torch.distributed.init_process_group first, or pass world_size and rank"
-        raise RuntimeError(
-            f"WORLD_SIZE={launched}, but torch.distributed is not initialised: {fix}"
-        )
+        problem = f"WORLD_SIZE={launched}, but torch.distributed is not initialised"
+        raise RuntimeError(f"{problem}: {fix}")
     return 1, 0
 
 
-# ---- 4. Loaders and the device -----------------------------------------------------------------
+# ---- Loaders ----
 
 
 class EpochLoader:
-    """(x, y) batches of an EpochSampler's passes, read by a torch DataLoader (and its workers).
-    It counts the batches your loop receives, so state_dict() is exact with any number of workers,
-    and a pass the loop leaves early is served again, whatever the workers fetched ahead. It is not
-    a DataLoader: Lightning and accelerate rebuild those around samplers of their own (which would
-    split each rank's share again), and take any other iterable with len() as it is."""
+    """(x, y) batches of an EpochSampler's passes, read by a DataLoader.
+
+    It counts the batches your loop receives, so state_dict() is exact with
+    any number of workers, and a pass the loop leaves early is served again,
+    whatever the workers fetched ahead. It is not a DataLoader: Lightning and
+    accelerate rebuild those around samplers of their own (which would split
+    each rank's share again), and take any other iterable with len() as is."""
 
     def __init__(
         self,
@@ -903,31 +874,32 @@ class EpochLoader:
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = sampler.batch_size
-        self.batch_sampler = None  # as in a DataLoader whose sampler yields whole batches
+        self.batch_sampler = None  # as in a DataLoader of whole batches
         self._pass = _PassIndices()
-        self._workers = (num_workers, prefetch_factor) if num_workers else None  # not started
+        # Workers to check descriptors for before they start (once), or None.
+        self._workers = (num_workers, prefetch_factor) if num_workers else None
         options = {"batch_size": None, "collate_fn": tuple, "num_workers": num_workers}
-        if num_workers:  # DataLoader refuses these two without workers
+        if num_workers:  # DataLoader refuses these without workers
             options.update(persistent_workers=True, prefetch_factor=prefetch_factor)
         self.dataloader = DataLoader(dataset, sampler=self._pass, pin_memory=pin_memory, **options)
 
     def __len__(self) -> int:
-        """A whole epoch's batches of this rank, as the sampler's."""
+        """A whole epoch's batches of this rank."""
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        # A generator: the pass begins when its first batch is asked for, after set_epoch.
-        if self._workers is not None:  # descriptors opened since make_dataloaders count too
-            _check_descriptors_for_workers(*self._workers)
-            self._workers = None  # persistent: started once
+        # A generator: the pass begins at the first batch, after set_epoch.
+        if self._workers is not None:  # files opened since then count too
+            _check_loader(*self._workers, pin=False)
+            self._workers = None
         current, batches = self.sampler._begin()
-        self._pass.batches = batches  # what the DataLoader's next iterator reads
-        for x, y in self.dataloader:
-            current.handed += len(x)  # before the loop gets it: a break after it keeps it
+        self._pass.batches = batches  # what the DataLoader reads next
+        for x, y in self.dataloader:  # counted before the loop gets it
+            current.handed += len(x)
             yield x, y
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next batch comes from, after the batches your loop received (JSON)."""
+        """Where the next batch comes from, after those your loop received (JSON)."""
         return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -936,7 +908,7 @@ class EpochLoader:
 
 
 class _PassIndices:
-    """The DataLoader's sampler inside an EpochLoader: the batches of the pass begun last."""
+    """The sampler of an EpochLoader's DataLoader: the latest pass's batches."""
 
     batches: Iterator[tuple[int, np.ndarray]] = iter(())
 
@@ -956,34 +928,34 @@ def make_dataloaders(
     world_size: int | None = None,
     rank: int | None = None,
 ) -> tuple[EpochLoader, EpochLoader | None]:
-    """Train (shuffled by seed, drop_last) and validation (in order, every window; or None)
-    loaders of (x, y) batches. No workers by default: for memmaps they cost more than they save.
-    Memory is pinned where CUDA is. Each rank of torch.distributed (or world_size, rank) gets a
-    share, as many steps as the others, once all agree on files and settings: under torchrun,
-    Lightning or accelerate, make them after the process group starts."""
+    """Loaders of (x, y) batches: train (shuffled by seed, drop_last) and
+    validation (in order, every window; or None). No workers by default: for
+    memmaps they cost more than they save. Memory is pinned where CUDA is,
+    which starts CUDA now: call torch.cuda.set_device first. Each rank of
+    torch.distributed (or world_size, rank) gets an equal share once all agree
+    on files and settings: under torchrun, Lightning or accelerate, make the
+    loaders after the process group starts."""
     import torch
 
-    if not isinstance(train, NpyTokensDataset) or not isinstance(
-        val, (NpyTokensDataset, type(None))
-    ):
+    val_ok = val is None or isinstance(val, NpyTokensDataset)
+    if not isinstance(train, NpyTokensDataset) or not val_ok:
         found = f"{type(train).__name__} and {type(val).__name__}"
         raise TypeError(f"train and val (or None) must be NpyTokensDatasets, got {found}")
-    for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0)):
-        _check_int(name, value, low)  # before the ranks compare them as JSON
+    # Checked before the ranks compare them as JSON.
+    _check_int("batch_size", batch_size, 1)
+    _check_int("seed", seed, 0)
     _check_int("num_workers", num_workers, 0)
     _check_int("prefetch_factor", prefetch_factor, 1)
     if pin_memory not in (None, True, False):
         raise TypeError(f"pin_memory must be True, False or None, got {pin_memory!r}")
-    if num_workers:  # else workers may hang
-        _check_descriptors_for_workers(num_workers, prefetch_factor)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         val_fingerprint = None if val is None else val.fingerprint()
         fingerprints = {"train": train.fingerprint(), "val": val_fingerprint}
         verify_across_ranks({**fingerprints, "batch_size": int(batch_size), "seed": int(seed)})
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    if pin and torch.cuda.is_available():
-        _check_pinning()
-    options = {"num_workers": num_workers, "pin_memory": pin, "prefetch_factor": prefetch_factor}
+    _check_loader(num_workers, prefetch_factor, pin and torch.cuda.is_available())
+    options = {"num_workers": num_workers, "prefetch_factor": prefetch_factor}
+    options["pin_memory"] = pin
     common = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
     sampler = EpochSampler(train, shuffle=True, drop_last=True, remainder="drop", **common)
     train_loader = EpochLoader(train, sampler, **options)
@@ -993,47 +965,57 @@ def make_dataloaders(
     return train_loader, EpochLoader(val, sampler, **options)
 
 
-def _check_descriptors_for_workers(num_workers: int, prefetch_factor: int) -> None:
-    """Workers hand each batch over through shared memory, a descriptor a tensor: under a low
-    open-file limit they fail or hang, so refuse at once, naming the limit."""
-    limit, in_use = _descriptors()
-    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * num_workers * prefetch_factor
-    if limit is not None and limit - in_use < needed:
-        fix = f"raise it (ulimit -n {_fits(in_use, needed)}) or use num_workers=0"
-        raise ValueError(
-            f"{num_workers} workers need {needed} free descriptors, {in_use} of {limit} used: {fix}"
-        )
-
-
-def _check_pinning() -> None:
-    """Start CUDA, which pinning needs, now: it needs descriptors, and a low limit is named here."""
-    import torch
-
-    try:
-        torch.empty(1).pin_memory()
-    except RuntimeError as error:  # torch.AcceleratorError is one
-        limit, in_use = _descriptors()
-        state = f"{str(error).strip().splitlines()[0]}; {in_use} of {limit} descriptors in use"
-        fix = f"raise the open-file limit (ulimit -n {_fits(in_use, LOADER_DESCRIPTORS)})"
-        fix += " or pass pin_memory=False"
-        raise RuntimeError(f"pinning memory starts CUDA, which failed ({state}): {fix}") from error
-
-
 def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
-    """Raise on every rank of torch.distributed unless all pass equal JSON-able settings (a
-    dataset's fingerprint(), say), naming the first rank that differs."""
+    """Raise on every rank of torch.distributed unless all pass equal JSON-able
+    settings (a dataset's fingerprint(), say), naming the first rank that
+    differs and the first setting, or file, in which it differs."""
+    seen = _gather_digests([json.dumps(settings, sort_keys=True)], group)
+    other = next((rank for rank, theirs in enumerate(seen) if theirs != seen[0]), 0)
+    if not other:
+        return
+    # Every rank saw it. Now one digest a setting and a file: 32 bytes each.
+    leaves = list(_leaves(settings, ""))
+    seen = _gather_digests([json.dumps(leaf) for leaf in leaves], group)
+    pairs = enumerate(zip(seen[0], seen[other]))
+    first = next((i for i, (a, b) in pairs if a != b), len(leaves))
+    where, value = leaves[first] if first < len(leaves) else ("its settings", "")
+    value = value["name"] if isinstance(value, dict) and "name" in value else value
+    where = f"{where} ({value!r:.60} on this rank)"
+    fix = "give every rank the same files and settings"
+    raise RuntimeError(f"rank {other} differs from rank 0 in {where}: {fix}")
+
+
+def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, value) of each setting: a dict's keys, a list's length and items."""
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _leaves(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        yield f"len({path})", len(value)
+        for i, item in enumerate(value):
+            yield f"{path}[{i}]", item
+    else:
+        yield path, value
+
+
+def _gather_digests(texts: list[str], group: Any) -> list[list[bytes]]:
+    """Each rank's sha256 digests of texts, gathered as fixed-size tensors, not
+    pickled. A rank with fewer pads with zeros: lists of other lengths differ."""
     import torch
     import torch.distributed as dist
 
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).digest()
-    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL moves CUDA tensors
-    mine = torch.tensor(list(digest), dtype=torch.uint8, device=device)
-    seen = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(seen, mine, group=group)  # 32 bytes a rank: nothing is pickled
-    other = next((rank for rank, theirs in enumerate(seen) if not torch.equal(theirs, seen[0])), 0)
-    if other:
-        mine = f"rank {dist.get_rank(group)} has {settings}"
-        raise RuntimeError(f"rank {other} has other files or settings than rank 0; {mine}")
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL: CUDA only
+    world = dist.get_world_size(group)
+    count = torch.tensor([len(texts)], device=device)
+    counts = [torch.empty_like(count) for _ in range(world)]
+    dist.all_gather(counts, count, group=group)
+    digests = b"".join(hashlib.sha256(t.encode()).digest() for t in texts)
+    mine = torch.zeros((max(counts).item(), 32), dtype=torch.uint8)
+    mine[: len(texts)] = torch.frombuffer(bytearray(digests), dtype=torch.uint8).view(-1, 32)
+    mine = mine.to(device)
+    seen = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(seen, mine, group=group)
+    return [[bytes(row.tolist()) for row in theirs.cpu()] for theirs in seen]
 
 
 def to_device(
@@ -1041,3 +1023,170 @@ def to_device(
 ) -> tuple[torch.Tensor, ...]:
     """Move a batch's tensors to device, asynchronously from pinned memory."""
     return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)
+
+
+# ---- Writing token files ----
+
+
+def write_tokens(
+    path: PathLike,
+    ids: Any,
+    *,
+    n_vocab: int,
+    tokenizer: str,
+    eot_id: int,
+    dtype: Any = None,
+    layout: str | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """Write ids below n_vocab, then their JSON sidecar (with fields); return it.
+
+    ids: an array, written as it is (2-D: a row a sequence; a list of arrays of
+    one length is such an array), or an iterator of 1-D arrays, written one
+    after another as one stream. layout: "npy", "bin" (raw ids, as nanoGPT's
+    train.bin) or "llmc" (llm.c's shards); by default "bin" for a .bin path,
+    else "npy". Nothing old is replaced until all is written."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(path)!r} is a folder; write_tokens needs a file path")
+    _check_int("n_vocab", n_vocab, 1, 2**32)
+    _check_int("eot_id", eot_id, 0, n_vocab - 1)
+    if not isinstance(tokenizer, str) or not tokenizer:
+        raise TypeError(f"tokenizer must be a name such as 'tiktoken:gpt2', got {tokenizer!r}")
+    if layout is None:
+        layout = "bin" if path.suffix == ".bin" else "npy"
+    if layout not in HEADERS or (path.suffix == ".npy" and layout != "npy"):
+        valid = '"npy", "bin" or "llmc" ("npy" for a .npy path, as it is read)'
+        raise ValueError(f"{str(path)!r}: layout={layout!r}; use {valid}; nothing written")
+    if dtype is None:  # GPT-2's largest id, 50256, fits uint16
+        dtype = "<u2" if n_vocab <= 2**16 else "<u4"
+    dtype = _token_dtype(dtype, "the dtype argument")
+    if n_vocab - 1 > np.iinfo(dtype).max:
+        raise ValueError(f"n_vocab={n_vocab:,} has ids that {dtype.name} cannot hold")
+    fields = _json_fields(path, fields) | {"tokenizer": tokenizer}
+    fields |= {"n_vocab": int(n_vocab), "eot_id": int(eot_id)}
+    return _write_atomically(path, ids, dtype, n_vocab, layout, fields)
+
+
+def _json_fields(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """The caller's sidecar fields as JSON: a numpy int becomes an int; a field
+    write_tokens sets itself, or a value JSON cannot hold, is refused."""
+    taken = sorted(fields.keys() & WRITTEN_FIELDS)
+    if taken:
+        raise TypeError(f"{str(path)!r}: write_tokens sets {taken} itself; nothing written")
+    fields = {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}
+    try:
+        return json.loads(json.dumps(fields, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{str(path)!r}: a sidecar field is not JSON ({error}); nothing written")
+
+
+def _write_atomically(
+    path: Path, ids: Any, dtype: np.dtype, n_vocab: int, layout: str, fields: dict
+) -> dict[str, Any]:
+    """New files, renamed over the old ones once the old sidecar is deleted:
+    no sidecar ever describes another file."""
+    side = sidecar_path(path)
+    tag = f"tmp.{os.getpid()}.{secrets.token_hex(4)}"  # .train.npy.tmp.<pid>.<hex>
+    short = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # 255 bytes at most
+    tmp = path.with_name(f".{short}.{tag}")
+    side_tmp = path.with_name(f".{short}.json.{tag}")
+    try:
+        with open(tmp, "x+b") as f:  # "x": never through a link planted there
+            meta = _write_ids(f, path, ids, dtype, n_vocab, layout)
+        meta |= fields
+        with open(side_tmp, "xb") as f:
+            f.write((json.dumps(meta, sort_keys=True, indent=2) + "\n").encode())
+            os.fsync(f.fileno())
+        side.unlink(missing_ok=True)
+        os.replace(tmp, path)
+        os.replace(side_tmp, side)
+        if os.name != "nt":  # the renames survive a power cut
+            folder = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+    except OSError as error:  # name the file being written, not a temporary one
+        if error.filename in (None, str(tmp), str(side_tmp)):
+            raise OSError(error.errno, f"{error.strerror} while writing", str(path)) from error
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+        side_tmp.unlink(missing_ok=True)
+    return meta
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """numpy's .npy header: 128 bytes for the shape of any token array."""
+    header = io.BytesIO()
+    fields = {"descr": dtype.str, "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(header, fields)
+    return header.getvalue()
+
+
+# Each layout's header, of one length whatever the shape.
+HEADERS = {"npy": _npy_header, "bin": lambda dtype, shape: b"", "llmc": _llmc_header}
+
+
+def _write_ids(
+    f: BinaryIO, path: Path, ids: Any, dtype: np.dtype, n_vocab: int, layout: str
+) -> dict[str, Any]:
+    """Stream ids into f after a header, written again once they are counted;
+    return what the sidecar says of the file, which open_tokens compares."""
+    header = HEADERS[layout]
+    one_array = isinstance(ids, (list, tuple, range)) or hasattr(ids, "__array__")
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{str(path)!r}: ids are an array of ints, or an iterable of them")
+    chunks = [ids] if one_array else ids
+    most_dims = 2 if one_array and layout == "npy" else 1  # rows: .npy only
+    f.write(header(dtype, (0,)))
+    count = 0
+    top = 0
+    shape = (0,)
+    for chunk in chunks:
+        tokens, most = _checked_ids(path, chunk, dtype, n_vocab, most_dims)
+        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # not (0, 5): 1-D
+        count += tokens.size
+        top = max(top, most)
+        shape = tokens.shape if one_array else (count,)
+    if count == 0:
+        raise ValueError(f"{str(path)!r}: no token ids to write; nothing written")
+    f.seek(0)
+    f.write(header(dtype, shape))
+    f.flush()
+    os.fsync(f.fileno())
+    size = os.fstat(f.fileno()).st_size
+    f.seek(0)
+    sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+    f.seek(0)
+    probe = _probe(f, f.read(PROBE_BYTES), size)
+    about = {"format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name}
+    about |= {"layout": layout, "dtype": dtype.name, "shape": list(shape), "n_tokens": count}
+    about |= {"file_size": size, "sha256": sha256, "probe_sha256": probe}
+    return about | {"max_token_id": top}
+
+
+def _checked_ids(
+    path: Path, chunk: Any, dtype: np.dtype, n_vocab: int, most_dims: int
+) -> tuple[np.ndarray, int]:
+    """chunk as C-ordered ids of dtype, and its largest id, once each is below
+    n_vocab: astype would wrap 70000 to 4464."""
+    try:
+        ids = np.asarray(chunk)
+    except ValueError:  # a list of arrays of different lengths
+        rows = "a list of arrays is written as rows, which need one length"
+        stream = "an iterator of arrays, iter(arrays), as one stream whose windows cross them"
+        raise ValueError(f"{str(path)!r}: ragged ids; {rows}; {stream}; nothing written") from None
+    except TypeError:  # torch's bfloat16, which numpy lacks
+        found = getattr(chunk, "dtype", type(chunk).__name__)
+        raise TypeError(f"{str(path)!r}: ids must be integers, not {found}") from None
+    if not 1 <= ids.ndim <= most_dims or (ids.size and ids.dtype.kind not in "iu"):
+        found = f"{ids.dtype} {ids.shape}"
+        valid = "1-D or 2-D (.npy)" if most_dims == 2 else "1-D"
+        raise TypeError(f"{str(path)!r}: ids must be {valid} integers, not {found}")
+    low, top = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+    if low < 0 or top >= n_vocab:
+        bad = low if low < 0 else top
+        raise ValueError(f"{str(path)!r}: token id {bad} is not below n_vocab={n_vocab}")
+    return np.ascontiguousarray(ids, dtype=dtype), top

@@ -31,9 +31,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from npy_datasets import (  # beside this file; importing it imports numpy only, never torch
-    LLMC_DTYPES,
-    LLMC_HEADER_BYTES,
-    LLMC_VERSIONS,
     TokenFileError,
     open_tokens,
     read_sidecar,
@@ -57,26 +54,11 @@ PER_FILE = ("file", "file_size", "sha256", "probe_sha256", "shape", "shard")  # 
 NOT_A_LOCK = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO"}
 
 
-# ---- Token files: their dtype, their sidecar, llm.c's header ----------------------------------
+# ---- Token files: their dtype ------------------------------------------------------------------
 def token_dtype(n_vocab: int) -> np.dtype:
     """The smallest unsigned dtype that holds every id of a vocabulary of n_vocab tokens."""
     check_prep_arguments(n_vocab=n_vocab)
     return np.dtype("<u2" if n_vocab <= 2**16 else "<u4")  # GPT-2's largest id, 50256, fits uint16
-
-
-def llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """llm.c's shard header: 256 int32 words, magic and version (which give the dtype), token
-    count, then zeros. write_tokens writes it before the ids, and again once it has counted them."""
-    magic = next(m for m, d in LLMC_DTYPES.items() if d == dtype)
-    n_tokens = shape[0]
-    if n_tokens >= 2**31:  # the count is an int32
-        most = f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}"
-        raise ValueError(f"{most}; pass a smaller shard_tokens")
-    words = np.array([magic, LLMC_VERSIONS[magic], n_tokens], dtype="<i4")
-    return words.tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
-
-
-HEADERS = {"npy": None, "bin": None, "llmc": llmc_header}  # None: write_tokens' own, by suffix
 
 
 # ---- Names, settings, and what a rerun may keep --------------------------------------------
@@ -263,7 +245,7 @@ def _write_staged(
         tokenizer=settings["tokenizer"],
         eot_id=settings["eot_id"],
         dtype=output.dtype,
-        header=HEADERS[output.layout],
+        layout=output.layout,
         eot_placement=settings["eot_placement"],
         settings_fingerprint=output.fingerprint,
         created_by=CREATED_BY,

@@ -2,9 +2,10 @@
 
     python python_files/prepare_tokens.py --verify 'data/tinystories/train_*.npy'
 
-Opening a file (open_tokens) checks what a loader needs: each field write_tokens writes, of its JSON
-type, the layout, the size, and the first and last 64 KiB against the sidecar. The audit adds what
-no open pays for: the fields' values and the prep step's own fields, the file's name against its
+Opening a file (open_tokens) checks what a loader needs: the sidecar's fields that are present, of
+their JSON type, the layout, the size, and the first and last 64 KiB against the sidecar. The audit
+adds what no open pays for: every field write_tokens writes, present, their values and the prep
+step's own fields, the file's name against its
 sidecar's, the sha256 of the whole file, a scan of every id, and, over the files given together, a
 shard set with shards missing or repeated, and a file given twice.
 """
@@ -20,7 +21,14 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from npy_datasets import JSON_TYPES, TokenFileError, open_tokens, read_sidecar
+from npy_datasets import (
+    JSON_TYPES,
+    WRITTEN_FIELDS,
+    TokenFileError,
+    open_tokens,
+    read_sidecar,
+    sidecar_path,
+)
 from prep_settings import EOT_PLACEMENTS
 
 OPTIONAL_FIELDS = {  # the prep step writes these; write_tokens, only when it is given them
@@ -92,6 +100,12 @@ def _check_file(path: str) -> Checked:
         if path.endswith(".json"):
             return Checked(path, [f"is a sidecar: give its token file, {path[:-5]}"])
         return Checked(path, ["has no sidecar to check against"])
+    missing = next((key for key in WRITTEN_FIELDS if key not in meta), None)
+    if missing is not None:  # the loader reads a file without them; the prep step writes all
+        needs = f"it needs a JSON {JSON_TYPES[WRITTEN_FIELDS[missing]]}"
+        fix = "write the file again (rerun the prep step, or write_tokens)"
+        side = str(sidecar_path(path))
+        return Checked(path, [f"{side!r}: {missing!r} is missing: {needs}; {fix}"])
     problem = _sidecar_problem(meta)
     if problem is not None:
         return Checked(path, [problem])
@@ -122,8 +136,8 @@ def _without_path(error: Exception, path: str) -> str:
 
 
 def _sidecar_problem(meta: dict[str, Any]) -> str | None:
-    """The first way meta breaks the sidecar's schema, or None (read_sidecar checked the fields
-    write_tokens writes; the prep step's own fields are checked here)."""
+    """The first way meta breaks the sidecar's schema, or None (read_sidecar checked the types
+    of the fields write_tokens writes; _check_file that each is present)."""
     for key, kind in OPTIONAL_FIELDS.items():
         if key in meta and type(meta[key]) is not kind:  # exact: a JSON true is a bool
             json_type = {**JSON_TYPES, dict: "object"}[kind]

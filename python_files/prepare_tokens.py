@@ -1,4 +1,5 @@
-"""Tokenize a text dataset with GPT-2's BPE; write a token file per split, and a JSON sidecar.
+"""Tokenize a text dataset with any tiktoken encoding (GPT-2's by default); write a token file
+per split, and a JSON sidecar.
 
     python python_files/prepare_tokens.py                                  # data/tinystories_sample
     python python_files/prepare_tokens.py --dataset roneneldan/TinyStories  # data/tinystories
@@ -45,14 +46,12 @@ from prep_outputs import (
     SplitOutput,
     check_shard_names,
     check_writable,
-    clean_stale_temp_files,
     complete_sidecars,
     kept_sidecars,
     make_staging_folder,
     output_lock,
     publish,
     remove_temp_files,
-    settings_fingerprint,
     shard_path,
     token_dtype,
     write_files,
@@ -80,7 +79,6 @@ from prep_sources import (
     TextSplit,
     carve_validation,
     document_texts,
-    hub_reachable,
     load_text_splits,
     resolve_dataset,
 )
@@ -91,13 +89,10 @@ __all__ = [
     "TextSplit",
     "PreparedSplit",
     "HubUnreachableError",
-    "gpt2_encoding",
-    "hub_reachable",
+    "gpt2_encoding",  # notebooks 01 and 06 call it, and carve_validation, as pt.*
     "load_text_splits",
     "carve_validation",
     "tokenize_documents",
-    "clean_stale_temp_files",
-    "settings_fingerprint",
     "shard_path",
     "prepare_split",
     "prepare",

@@ -232,7 +232,7 @@ def descriptors(folder: Path, limit: int, held: int, workers: int, prefetch: int
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler raises when a worker dies
     with contextlib.suppress(psutil.Error, OSError):  # an exited worker; no descriptor for /proc
         for child in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):  # a worker that has just exited
+            with contextlib.suppress(psutil.NoSuchProcess, RuntimeError):
                 child.kill()  # workers left in any state: no shutdown to wait for
     os._exit(0)
 

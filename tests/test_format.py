@@ -528,15 +528,29 @@ def test_two_writers_and_a_reader_never_mix_one_file_with_another_files_sidecar(
     assert result["problem"] is None and result["served"] > 0, result
 
 
-@pytest.mark.parametrize("version", [1.0, True, None])
+@pytest.mark.parametrize("version", [1.0, True])
 def test_a_format_version_that_is_not_an_integer_is_named_with_a_fix(tmp_path, version):
     """1.0 and true are not versions: the sidecar is damaged, and a newer module would not help."""
     path = write_tokens(tmp_path / "t.npy", np.arange(100, dtype=np.uint16))
     edit = {**json.loads(nd.sidecar_path(path).read_text()), "format_version": version}
-    if version is None:  # a sidecar from before probe_sha256 existed: no format_version change
-        edit = {k: v for k, v in edit.items() if k != "probe_sha256"} | {"format_version": 1}
     nd.sidecar_path(path).write_text(json.dumps(edit))
     message = refused(path, nd.TokenFileError, "write the file again (rerun the prep step")
     assert "copy a newer one" not in message, message
-    named = "'probe_sha256' is missing" if version is None else f"'format_version' is {version!r}"
-    assert named in message, message
+    assert f"'format_version' is {version!r}" in message, message
+
+
+def test_a_hand_written_three_field_sidecar_beside_a_nanogpt_bin_serves_it(tmp_path):
+    """The reader needs only the sidecar fields it uses: format, format_version, and here the
+    dtype of raw ids. The README's example; without max_token_id, vocab_size scans (issue 34)."""
+    path = tmp_path / "train.bin"
+    np.arange(1000, dtype=np.uint16).tofile(path)  # nanoGPT's train.bin: raw ids, no header
+    side = {"format": "npy-tokens", "format_version": 1, "dtype": "uint16"}
+    nd.sidecar_path(path).write_text(json.dumps(side))
+    assert nd.read_sidecar(path) == side
+    assert nd.open_tokens(path, vocab_size=1000).tolist() == list(range(1000))
+    ds = nd.NpyTokensDataset(path, seq_len=8)
+    assert len(ds) == 124 and ds[1][0].tolist() == list(range(8, 16))
+    refused(path, nd.TokenFileError, "past vocab_size=999", vocab_size=999)  # a scan, no field
+    refused(path, nd.TokenFileError, "its sidecar has no sha256", verify=True)
+    nd.sidecar_path(path).write_text(json.dumps(side | {"shape": [999]}))  # present: compared
+    refused(path, nd.TokenFileError, "replaced or damaged", "shape is [999] there, [1000] here")

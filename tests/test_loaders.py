@@ -159,6 +159,22 @@ def test_make_dataloaders_with_explicit_ranks_split_train_and_pad_val(tmp_path):
     ]
 
 
+def test_a_plain_dataloader_of_random_windows_warns_that_each_epoch_repeats(tmp_path):
+    """DataLoader(ds, batch_size=B) passes no epoch: mode="random" would draw the same windows
+    every epoch. It says so once; windows mode, and an EpochSampler's batches, do not (issue 34)."""
+    paths = write_parts(tmp_path)
+    ds = nd.NpyTokensDataset(paths, SEQ, mode="random", num_samples=40, seed=3)
+    with pytest.warns(UserWarning, match="the same windows each epoch") as caught:
+        epochs = [torch.cat([x for x, _ in DataLoader(ds, batch_size=8)]) for _ in range(2)]
+    assert torch.equal(*epochs) and "EpochSampler" in str(caught[0].message)
+    windows = nd.NpyTokensDataset(paths, SEQ)
+    sampler = nd.EpochSampler(ds, batch_size=8, world_size=1, rank=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(DataLoader(windows, batch_size=8, shuffle=True))
+        list(DataLoader(ds, batch_sampler=sampler, collate_fn=tuple))
+
+
 def test_distributed_sampler_indices_are_windows_of_epoch_zero(tmp_path):
     ds = nd.NpyTokensDataset(write_parts(tmp_path), SEQ, mode="random", num_samples=40, seed=3)
     seen = []
@@ -310,10 +326,19 @@ def test_torchrun_ranks_that_disagree_all_fail_naming_the_rank(tmp_path):
     }
     proc, reports = torchrun(tmp_path, train, val, "--disagreements", json.dumps(cases))
     assert proc.returncode == 0 and len(reports) == 2, proc.stderr[-3000:]
+    differs = {  # the first setting, or file, each case changes (issue 34)
+        "seq_len": "train.seq_len",
+        "file": "train.files[0] ('",
+        "seed": "seed (",
+        "too_small": "train.files[0] ('",
+        "same_size": "train.files[0] ('train.npy'",
+    }
     for report in reports:
         assert list(report["errors"]) == list(cases), report
         for case, error in report["errors"].items():
             assert error.startswith("RuntimeError: rank 1 "), (report["rank"], case, error)
+            named = f"differs from rank 0 in {differs[case]}"
+            assert named in error and len(error) < 200, (report["rank"], case, error)
 
 
 @pytest.mark.parametrize(
@@ -378,3 +403,45 @@ def test_the_descriptor_check_counts_the_batches_each_worker_prefetches(arange_f
     message = str(info.value)
     assert f"{needed(8)} free descriptors" in message and str(limit) in message, message
     assert "ulimit -n" in message, message  # what to do about it
+
+
+def _verify_as_rank(rank: int, store_path: str, result_path: str) -> None:
+    """One of two gloo ranks: 300 shards' fingerprints, rank 1's shard 217 other bytes."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(store_path, 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    files = [
+        {"name": f"train_{i:06d}.npy", "bytes": 1000 + i, "probe": "ab" * 32} for i in range(300)
+    ]
+    if rank == 1:
+        files[217] = {**files[217], "bytes": 5}
+    try:
+        nd.verify_across_ranks({"train": {"files": files, "seq_len": 8}, "seed": 0})
+        message = "no error"
+    except RuntimeError as error:
+        message = str(error)
+    finally:
+        dist.destroy_process_group()
+    Path(result_path).write_text(message)
+
+
+def test_ranks_that_differ_in_one_of_300_shards_name_it_in_one_short_line(tmp_path):
+    """Issue 34: 300 shards, one differing, raised 70,387 characters naming no file. Now each rank
+    names the shard in one line, from 32-byte digests gathered as tensors."""
+    context = torch.multiprocessing.get_context("fork")
+    results = [tmp_path / f"rank{rank}.txt" for rank in range(2)]
+    ranks = [
+        context.Process(target=_verify_as_rank, args=(r, str(tmp_path / "store"), str(results[r])))
+        for r in range(2)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(timeout=120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    for rank, path in enumerate(results):
+        message = path.read_text()
+        name = "train.files[217] ('train_000217.npy' on this rank)"
+        assert message.startswith(f"rank 1 differs from rank 0 in {name}"), (rank, message)
+        assert len(message) < 150, (rank, len(message))

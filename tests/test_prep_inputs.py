@@ -340,10 +340,10 @@ def test_hub_probe_honours_offline_mode(monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # only the variable says it
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert pt.hub_reachable() is False
+    assert prep_sources.hub_reachable() is False
     assert not tried.is_set()  # no probe at all
     monkeypatch.delenv("HF_HUB_OFFLINE")  # online: the probe connects (here: refused)
-    assert pt.hub_reachable(timeout=0.01) is False
+    assert prep_sources.hub_reachable(timeout=0.01) is False
     assert tried.wait(60)  # the probe's thread got to connect: the check above could see one
 
 

@@ -387,9 +387,9 @@ def test_a_killed_runs_shard_staging_folder_is_removed(tmp_path):
     victim.mkdir()
     planted = tmp_path / staging_name(2, "0badc0de", "validation")
     planted.symlink_to(victim)  # a link with a staging folder's name: never followed
-    assert pt.clean_stale_temp_files(tmp_path) == [staging]
+    assert prep_outputs.clean_stale_temp_files(tmp_path) == [staging]
     assert not staging.exists() and planted.is_symlink() and victim.is_dir()
-    assert pt.clean_stale_temp_files(tmp_path / "missing") == []
+    assert prep_outputs.clean_stale_temp_files(tmp_path / "missing") == []
 
 
 # --- issue 19: reruns after damage, shared folders, shard arithmetic ----------------------------

@@ -129,14 +129,14 @@ def test_each_field_of_the_wrong_json_type_fails(tmp_path, capsys, key):
 
 
 @pytest.mark.parametrize("key", [k for k in nd.WRITTEN_FIELDS if k not in MODULE_CHECKS])
-def test_each_missing_field_fails_every_open(tmp_path, capsys, key):
+def test_each_missing_field_fails_verify_and_the_file_still_opens(tmp_path, capsys, key):
+    """--verify keeps the full schema; the reader needs none of these fields (issue 34)."""
     path = token_file(tmp_path)
     edit_sidecar(path, drop=key)
     kind = JSON_NAME[nd.WRITTEN_FIELDS[key]]
     said = f"{str(sidecar_path(path))!r}: {key!r} is missing: it needs a JSON {kind}"
     assert verify(capsys, path) == (1, [f"{path}: {said}; {REWRITE}"])
-    with pytest.raises(nd.TokenFileError, match=re.escape(said)):
-        nd.open_tokens(path)
+    assert nd.open_tokens(path).size > 0
 
 
 @pytest.mark.parametrize(

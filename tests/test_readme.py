@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -167,3 +168,19 @@ def test_the_own_tokenizer_section_runs_as_written_and_prints_what_it_says(tmp_p
         sample = re.search(rf"^{name}: ('.*')$", train.stdout, flags=re.M)
         text = ast.literal_eval(sample[1])  # as printed by repr(): text, not ids
         assert text.startswith("Once upon a time, there was a") and set(text) <= set(pieces)
+
+
+def test_the_hand_written_three_field_sidecar_serves_a_nanogpt_bin(tmp_path):
+    """The README's sidecar for nanoGPT's train.bin, written as shown, gives its dtype: the dataset
+    opens it without dtype= (issue 34). Without it, the same file is refused."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    body = text.split("## Shards and other formats\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", body, flags=re.S) if "npy-tokens" in b]
+    bin_path = tmp_path / "data" / "openwebtext" / "train.bin"
+    bin_path.parent.mkdir(parents=True)
+    np.arange(1000, dtype=np.uint16).tofile(bin_path)  # nanoGPT's layout: raw uint16 ids
+    with pytest.raises(nd.TokenFileError, match="no sidecar gives their dtype"):
+        nd.NpyTokensDataset(bin_path, seq_len=8)
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=60)
+    ds = nd.NpyTokensDataset(bin_path, seq_len=8)
+    assert len(ds) == 124 and ds[2][1].tolist() == list(range(17, 25))

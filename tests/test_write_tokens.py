@@ -88,7 +88,7 @@ def test_a_numpy_number_in_a_field_is_written_as_a_plain_number(tmp_path):
     assert json.loads(nd.sidecar_path(tmp_path / "t.npy").read_text())["n_docs"] == 2
 
 
-def test_a_header_writes_an_llmc_shard_that_opens_as_one(tmp_path):
+def test_layout_llmc_writes_an_llmc_shard_that_opens_as_one(tmp_path):
     for dtype, n_vocab in [(np.uint16, 50_257), (np.uint32, 128_256)]:
         path = tmp_path / f"shard_{dtype.__name__}.bin"
         ids = (np.arange(500) * 97) % n_vocab
@@ -98,9 +98,10 @@ def test_a_header_writes_an_llmc_shard_that_opens_as_one(tmp_path):
             n_vocab=n_vocab,
             tokenizer="t",
             eot_id=0,
-            header=llmc_header,
+            layout="llmc",
         )
         assert meta["layout"] == "llmc" and meta["dtype"] == np.dtype(dtype).name
+        assert path.read_bytes()[: nd.LLMC_HEADER_BYTES] == llmc_header(dtype, (500,))
         assert path.stat().st_size == nd.LLMC_HEADER_BYTES + 500 * np.dtype(dtype).itemsize
         assert nd.open_tokens(path).tolist() == ids.tolist()
         nd.sidecar_path(path).unlink()  # llm.c's own reader needs no sidecar: nor does this one
@@ -116,16 +117,35 @@ def test_raw_ids_that_spell_the_npy_magic_stay_raw_ids_under_a_bin_sidecar(tmp_p
 
 
 @pytest.mark.parametrize(
-    "name, header",
-    [("shard.npy", llmc_header), ("other.bin", lambda dtype, shape: b"HEAD")],
-    ids=["llm.c header in a .npy path", "a header neither .npy nor llm.c"],
+    "name, layout",
+    [("shard.npy", "llmc"), ("shard.npy", "bin"), ("other.bin", "zip")],
+    ids=["llm.c layout in a .npy path", "raw ids in a .npy path", "a layout open_tokens lacks"],
 )
-def test_a_header_open_tokens_would_misread_is_refused_before_writing(tmp_path, name, header):
+def test_a_layout_open_tokens_would_misread_is_refused_before_writing(tmp_path, name, layout):
     with pytest.raises(ValueError, match=re.escape(repr(str(tmp_path / name)))):
         nd.write_tokens(
-            tmp_path / name, np.arange(100), n_vocab=50_257, tokenizer="t", eot_id=0, header=header
+            tmp_path / name, np.arange(100), n_vocab=50_257, tokenizer="t", eot_id=0, layout=layout
         )
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("name, layout", [("a.npy", "npy"), ("a.bin", "bin"), ("a.tok", "npy")])
+def test_the_layout_defaults_from_the_suffix(tmp_path, name, layout):
+    meta = nd.write_tokens(tmp_path / name, np.arange(10), **WRITER)
+    assert meta["layout"] == layout and nd.open_tokens(tmp_path / name).tolist() == list(range(10))
+
+
+def test_ragged_rows_are_refused_saying_what_a_list_and_an_iterator_write(tmp_path):
+    """A list of equal-length arrays is rows; an iterator of arrays is one stream, whose windows
+    cross the arrays: the refusal says both, and never offers the stream as rows (issue 34)."""
+    rows = [np.arange(4), np.arange(3)]
+    with pytest.raises(ValueError) as info:
+        nd.write_tokens(tmp_path / "r.npy", rows, **WRITER)
+    message = str(info.value)
+    assert "rows of many lengths" not in message, message
+    assert "a list of arrays is written as rows" in message and "one stream" in message, message
+    meta = nd.write_tokens(tmp_path / "r.npy", iter(rows), **WRITER)
+    assert meta["shape"] == [7]  # what the message says: one stream, no rows
 
 
 # --- refusals: the old file and its sidecar stay as they were -----------------------------------
@@ -153,13 +173,6 @@ def bad_chunks():
         pytest.param(np.arange(5), {"sha256": "0"}, TypeError, "sha256", id="sha256 field"),
         pytest.param(np.arange(5), {"max_token_id": 4}, TypeError, "max_token_id", id="max id"),
         pytest.param(np.arange(5), {"shape": [5]}, TypeError, "shape", id="shape field"),
-        pytest.param(
-            np.arange(5),
-            {"header": lambda dtype, shape: b"\0" * (4 + shape[0])},  # 4 bytes, then 9
-            ValueError,
-            "header",
-            id="a header whose length changes",
-        ),
     ],
 )
 def test_a_refused_write_leaves_the_old_file_and_sidecar_as_they_were(
@@ -230,7 +243,7 @@ def test_the_fields_write_tokens_sets_are_the_ones_it_refuses_from_the_caller(tm
     meta = nd.write_tokens(tmp_path / "t.npy", np.arange(10), **WRITER, n_docs=1)
     assert set(meta) - {"n_docs"} == set(nd.WRITTEN_FIELDS)  # measured, or taken as arguments
     for name in sorted(
-        nd.WRITTEN_FIELDS.keys() - {"tokenizer", "n_vocab", "eot_id", "dtype"}
+        nd.WRITTEN_FIELDS.keys() - {"tokenizer", "n_vocab", "eot_id", "dtype", "layout"}
     ):  # arguments
         with pytest.raises(TypeError, match=name):
             nd.write_tokens(tmp_path / "u.npy", never_read(), **WRITER, **{name: 1})
