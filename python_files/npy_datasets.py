@@ -3,6 +3,8 @@
 Copy this one file into your project: it needs Python 3.11+, numpy, torch and
 the standard library.
 
+    write_tokens("data/tinystories/train.npy", ids,  # once, any tokenizer's
+                 n_vocab=50257, tokenizer="gpt2", eot_id=50256)
     train = NpyTokensDataset("data/tinystories/train.npy", seq_len=256)  # or a glob
     val = NpyTokensDataset("data/tinystories/validation.npy", seq_len=256)
     train_loader, val_loader = make_dataloaders(train, val, batch_size=32)
@@ -12,19 +14,19 @@ the standard library.
         train_loader.sampler.set_epoch(epoch)
         for batch in train_loader:  # after a resume, the rest of the epoch
             x, y = to_device(batch, "cuda")  # int64, (32, 256): y is x shifted by one
-            ...  # loss = model(x, y); now and then save the model, the optimizer
-            # and train_loader.state_dict(), which counts the batches received
+            ...  # loss = model(x, y); save the model, optimizer and loader's state
 
-len(train_loader) is always a whole epoch's batches; count your steps yourself.
-Lightning and accelerate take these loaders as they are (the README shows how).
+len(train_loader) is a whole epoch, even for a resumed pass: keep your
+own step count. Under torchrun, init_process_group first: each rank gets
+a share. Lightning and accelerate take these loaders as they are.
 
 How it works. Token files are memory-mapped. The sampler yields (epoch,
 indices): a batch of window indices, and their epoch. The dataset finds each
 window's file and first token, and gathers the batch with one fancy index per
 file. The loader counts the batches your loop received; its state is JSON, the
 epoch and a global position in the epoch's order, so a run resumes with any
-number of ranks or workers. Each check sits where its fact becomes known: a
-size after the stat, a header after the read of the first bytes.
+number of ranks or workers. Files are checked when opened (size, header,
+sidecar); each batch checks that its file is still the one opened.
 
 Importing it imports numpy only (torch where used): a prep step can write token
 files without torch."""
@@ -74,8 +76,9 @@ NPY_MAGIC = b"\x93NUMPY"
 LLMC_HEADER_BYTES = 256 * 4
 LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # magic: version
 LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}
-LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # a model, ...
-# Two shards of one size, swapped, differ in their first or last 64 KiB.
+LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights, ...
+# Each open hashes a file's first and last 64 KiB: a file swapped for one
+# of the same size (two shards, say) is caught without a full read.
 PROBE_BYTES = 1 << 16
 # The sidecar fields write_tokens writes, and their JSON types. The reader
 # needs only format and format_version; `prepare_tokens.py --verify`, all.
@@ -216,8 +219,9 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
 def _layout(
     path: str, head: bytes, size: int, meta: dict[str, Any], dtype: np.dtype | None
 ) -> tuple[str, np.dtype, tuple[int, ...], int]:
-    """The layout the first bytes tell; the ids' dtype, shape and offset. A
-    sidecar's "bin" is final: GPT-2 ids 20115, 19797, 22864 spell the .npy magic."""
+    """The layout the first bytes tell; the ids' dtype, shape and offset.
+    A sidecar's "bin" wins over the bytes: raw ids may spell the .npy
+    magic (GPT-2 ids 20115, 19797, 22864 do)."""
     magic = int.from_bytes(head[:4], "little")
     raw = meta.get("layout") == "bin"
     if not raw and (head.startswith(NPY_MAGIC) or path.endswith(".npy")):
@@ -562,8 +566,8 @@ def _splitmix64(x: Any) -> Any:
 # and a number for _max_maps in NpyTokensDataset.__init__.
 
 MAX_OPEN_FILES = 1024  # files one process keeps mapped at most
-# 2 workers prefetching 2 batches hung with under 24 free: 16 for the loader,
-# 2 (x and y) a batch in flight. BATCH_DESCRIPTORS doubles that.
+# Free descriptors the loader needs: 16, and 4 a batch in flight from a
+# worker (x and y, twice over): 2 workers each 2 ahead hung under 24.
 LOADER_DESCRIPTORS = 16
 BATCH_DESCRIPTORS = 4
 
@@ -647,11 +651,13 @@ class EpochSampler:
     """Batches of window indices, (epoch, indices), for an EpochLoader or a
     DataLoader(ds, batch_sampler=sampler). Epoch e's order is drawn from
     (seed, e) alone. Rank r of W takes its items r, r + W, ...; remainder=
-    "drop" leaves out the last n % W, "pad" repeats the first ones.
+    "drop" leaves out the last n % W so ranks split evenly, "pad" repeats
+    the first ones; drop_last drops this rank's last short batch.
 
     The epoch rules. A pass is one iteration. After a pass that served all its
     batches comes the next epoch, from its start; after a pass the loop left
-    early (a break, a peek), the same pass again. set_epoch(e) makes the next
+    early (a break, or a peek: next(iter(loader))), the same pass again, from
+    its start. set_epoch(e) makes the next
     pass epoch e, from its start; right after load_state_dict, only the loaded
     epoch, from the loaded position. len() is a whole epoch's batches of this
     rank, even when a resumed pass holds fewer. A batch is served when the
@@ -786,8 +792,9 @@ class EpochSampler:
         return self._latest, batches
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where the next batch comes from (JSON): after `consumed` batches of the
-        latest pass (step of enumerate(loader, 1)), or else all the loop got."""
+        """Where the next batch comes from (JSON). Under a plain DataLoader,
+        whose workers fetch ahead, pass consumed: the batches of this pass
+        your loop took (step of enumerate(loader, 1)). EpochLoader counts."""
         latest = self._latest or SamplerPass(self._epoch, self._start, 0)
         items = latest.handed
         if consumed is not None:
@@ -830,7 +837,7 @@ class EpochSampler:
 
 
 def _ceil_div(a: int, b: int) -> int:
-    """a / b rounded up: the last batch may be short."""
+    """Batches of a items, b a batch: the last one may be short."""
     return -(-a // b)
 
 
@@ -874,7 +881,7 @@ class EpochLoader:
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = sampler.batch_size
-        self.batch_sampler = None  # as in a DataLoader of whole batches
+        self.batch_sampler = None  # Lightning reads it, as on a DataLoader
         self._pass = _PassIndices()
         # Workers to check descriptors for before they start (once), or None.
         self._workers = (num_workers, prefetch_factor) if num_workers else None
@@ -929,7 +936,8 @@ def make_dataloaders(
     rank: int | None = None,
 ) -> tuple[EpochLoader, EpochLoader | None]:
     """Loaders of (x, y) batches: train (shuffled by seed, drop_last) and
-    validation (in order, every window; or None). No workers by default: for
+    validation (in order, every window, the first few again so that ranks
+    take as many; in mode="random", new windows each pass; or None). No workers by default: for
     memmaps they cost more than they save. Memory is pinned where CUDA is,
     which starts CUDA now: call torch.cuda.set_device first. Each rank of
     torch.distributed (or world_size, rank) gets an equal share once all agree
@@ -1146,7 +1154,7 @@ def _write_ids(
     shape = (0,)
     for chunk in chunks:
         tokens, most = _checked_ids(path, chunk, dtype, n_vocab, most_dims)
-        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # not (0, 5): 1-D
+        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # bytes of any shape
         count += tokens.size
         top = max(top, most)
         shape = tokens.shape if one_array else (count,)

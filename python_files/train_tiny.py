@@ -306,14 +306,18 @@ def token_files(data: Path) -> dict[str, Any]:
             meta = nd.read_sidecar(path)
         except ValueError as error:  # a sidecar without n_vocab, or not JSON: it names the file
             raise SystemExit(f"--data: {error}") from None
+        how = "write it with write_tokens(..., n_vocab=...) or prepare_tokens.py"
         if meta is None:
-            how = "write it with write_tokens(..., n_vocab=...) or prepare_tokens.py"
             raise SystemExit(f"{path} has no sidecar ({path.name}.json) to give its n_vocab: {how}")
+        missing = next((key for key in ("n_vocab", "tokenizer") if key not in meta), None)
+        if missing is not None:  # the reader needs neither; the model and the samples do
+            raise SystemExit(f"--data: '{path}.json': {missing!r} is missing: {how}")
         metas.append(meta)
     train, val = metas
-    bad = next((key for key in ("tokenizer", "n_vocab", "eot_id") if val[key] != train[key]), None)
+    keys = ("tokenizer", "n_vocab", "eot_id")
+    bad = next((key for key in keys if val.get(key) != train.get(key)), None)
     if bad is not None:
-        differ = f"has {bad} {val[bad]!r}, train.npy {train[bad]!r}"
+        differ = f"has {bad} {val.get(bad)!r}, train.npy {train.get(bad)!r}"
         raise SystemExit(f"{data / 'validation.npy'} {differ}: write both with one tokenizer")
     return train
 
