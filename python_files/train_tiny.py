@@ -347,7 +347,7 @@ def resume(
         what = f"{type(error).__name__}: {first:.120}"
         raise SystemExit(f"--resume {path}: not a checkpoint train_tiny wrote ({what})")
     done = loader.state_dict()["position"] // loader.batch_size  # one process: its batches
-    left = f"{len(loader) - done} of its {len(loader)} batches left"  # len(): a whole epoch
+    left = f"{len(loader) - done:,} of its {len(loader):,} batches left"  # len(): a whole epoch
     print(f"resumed at step {step}: epoch {loader.sampler.epoch}, {left}")
     return step
 
