@@ -1,4 +1,4 @@
-"""Train with Hugging Face accelerate on make_dataloaders' loader, in one process or several; resume.
+"""Train with Hugging Face accelerate on make_dataloaders' loader, in 1 or 2 processes; resume.
 
     python python_files/accelerate_example.py
     python python_files/accelerate_example.py --resume data/accelerate/step_15

@@ -29,7 +29,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from npy_datasets import NpyTokensDataset, make_dataloaders, read_sidecar  # noqa: E402 (sys.path set)
+from npy_datasets import (  # noqa: E402 (sys.path set)
+    NpyTokensDataset,
+    make_dataloaders,
+    read_sidecar,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT / "data" / "tinystories_sample"

@@ -774,9 +774,9 @@ class EpochSampler:
 
     def _begin(self) -> tuple[SamplerPass, Iterator[tuple[int, np.ndarray]]]:
         """Begin the next pass: its record, and its batches (the caller counts)."""
-        if self._world_from_torch and _distributed_world() != (self.world_size, self.rank):
-            world, rank = _distributed_world()
-            made = f"made for rank {self.rank} of {self.world_size}, now rank {rank} of {world}"
+        now = _distributed_world() if self._world_from_torch else None
+        if now is not None and now != (self.world_size, self.rank):
+            made = f"made for rank {self.rank} of {self.world_size}, now rank {now[1]} of {now[0]}"
             fix = "make the loaders after torch.distributed.init_process_group (see the README)"
             raise RuntimeError(f"an EpochSampler {made}: {fix}")
         self._resumed = self._resumed and not self._finished()

@@ -52,9 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"x[0, :8] = {x[0, :8].tolist()}")
     print(f"y[0, :8] = {y[0, :8].tolist()}   (y is x shifted by one token)")
-    print(
-        f"pinned: {train_loader.dataloader.pin_memory}, workers: {train_loader.dataloader.num_workers}"
-    )
+    reader = train_loader.dataloader  # the torch DataLoader inside the loader
+    print(f"pinned: {reader.pin_memory}, workers: {reader.num_workers}")
 
     batches, it = 0, iter(train_loader)
     start = time.perf_counter()

@@ -232,6 +232,14 @@ STORIES = [
 
 
 @pytest.fixture(scope="session")
+def framework_tokens(tmp_path_factory) -> Path:
+    """The framework tests' token folder (frameworks_harness.write_folder)."""
+    from frameworks_harness import write_folder
+
+    return write_folder(tmp_path_factory.mktemp("framework_tokens"))
+
+
+@pytest.fixture(scope="session")
 def datasets_cache(tmp_path_factory):
     """Keep datasets' Arrow copies of the fixtures out of the user's ~/.cache/huggingface: one
     temporary folder for the session. The prep test files use it for every test (pytestmark)."""

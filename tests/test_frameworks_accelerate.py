@@ -2,8 +2,6 @@
 accelerate commands word for word in 1 and 2 processes (as test_frameworks.py checks Lightning's), the
 loader given back by prepare, and torchdata's StatefulDataLoader resumed at any point (issue 32)."""
 
-from pathlib import Path
-
 import pytest
 
 import npy_datasets as nd
@@ -14,43 +12,39 @@ from frameworks_harness import (
     readme_block,
     readme_commands,
     run,
-    write_folder,
 )
 
 pytest.importorskip("accelerate")
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    return write_folder(tmp_path_factory.mktemp("tokens"))
-
-
 @pytest.mark.parametrize("world", [1, 2])
-def test_accelerate_commands(folder, tmp_path, world):
+def test_accelerate_commands(framework_tokens, tmp_path, world):
     commands = readme_commands("accelerate")
     mine = [c for c in commands if ("torchrun" in c[0]) == (world == 2)]
     assert len(mine) == 2 and "--resume" in mine[1]
-    first = run(mine[0], tmp_path, folder, tmp_path / "whole.jsonl")
-    second = run(mine[1], tmp_path, folder, tmp_path / "resumed.jsonl")
+    first = run(mine[0], tmp_path, framework_tokens, tmp_path / "whole.jsonl")
+    second = run(mine[1], tmp_path, framework_tokens, tmp_path / "resumed.jsonl")
     assert first.splitlines()[-1] == second.splitlines()[-1]  # the same loss, to the last digit
     resumed_at = 15 if world == 1 else 5  # the README's --resume folder
-    check_runs(folder, world, tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl", resumed_at)
+    check_runs(
+        framework_tokens, world, tmp_path / "whole.jsonl", tmp_path / "resumed.jsonl", resumed_at
+    )
 
 
-def test_accelerate_prepare_gives_the_loader_back(folder):
+def test_accelerate_prepare_gives_the_loader_back(framework_tokens):
     from accelerate import Accelerator
 
-    train = nd.NpyTokensDataset(folder / "train.npy", SEQ)
+    train = nd.NpyTokensDataset(framework_tokens / "train.npy", SEQ)
     loader, _ = nd.make_dataloaders(train, batch_size=BATCH)
     assert Accelerator(cpu=True).prepare(loader) is loader  # not rebuilt into single windows
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_torchdata_stateful_dataloader_resumes_exactly(folder, workers):
+def test_torchdata_stateful_dataloader_resumes_exactly(framework_tokens, workers):
     """The README's StatefulDataLoader loop over an EpochSampler, stopped mid-epoch, at an epoch's
     last batch and in epoch 1, and resumed from its state_dict(): the unbroken run's batches."""
     pytest.importorskip("torchdata")
-    train = nd.NpyTokensDataset(folder / "train.npy", SEQ)  # 20 batches of 4 an epoch
+    train = nd.NpyTokensDataset(framework_tokens / "train.npy", SEQ)  # 20 batches of 4 an epoch
     code = readme_block("**torchdata's `StatefulDataLoader`**")
     code = code.replace("num_workers=2", f"num_workers={workers}")
     code = code.replace("batch_size=8", f"batch_size={BATCH}")
