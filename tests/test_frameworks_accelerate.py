@@ -5,6 +5,7 @@ loader given back by prepare, and torchdata's StatefulDataLoader resumed at any 
 import pytest
 
 import npy_datasets as nd
+from conftest import WORKER_TIMEOUT
 from frameworks_harness import (
     BATCH,
     SEQ,
@@ -46,7 +47,8 @@ def test_torchdata_stateful_dataloader_resumes_exactly(framework_tokens, workers
     pytest.importorskip("torchdata")
     train = nd.NpyTokensDataset(framework_tokens / "train.npy", SEQ)  # 20 batches of 4 an epoch
     code = readme_block("**torchdata's `StatefulDataLoader`**")
-    code = code.replace("num_workers=2", f"num_workers={workers}")
+    timeout = WORKER_TIMEOUT if workers else 0  # a hung worker fails the test, never hangs it
+    code = code.replace("num_workers=2", f"num_workers={workers}, timeout={timeout}")
     code = code.replace("batch_size=8", f"batch_size={BATCH}")
 
     class Stop(Exception):
