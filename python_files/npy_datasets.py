@@ -481,8 +481,16 @@ class NpyTokensDataset:
             return found.astype(np.int64) % n
         return found.astype(np.int64, copy=False)
 
-    def locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The file of each window, and its first token's position there."""
+    def locate(self, epoch: int, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The file of each window, and the position of its first token there.
+
+        epoch is an int from 0, and indices 1-D window indices, checked as
+        ds[epoch, indices] checks them."""
+        _check_int("epoch", epoch, 0)
+        return self._locate(int(epoch), self._indices(indices))
+
+    def _locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """locate, unchecked: the batch path (_gather) calls it."""
         indices = np.asarray(indices, dtype=np.int64)
         if self.mode == "random":  # start k of all the files' starts
             # Seed and epoch are hashed before the index is added: else window
@@ -505,7 +513,7 @@ class NpyTokensDataset:
         """A batch: one fancy index into each file's windows, widened to int64."""
         import torch
 
-        files, firsts = self.locate(epoch, indices)
+        files, firsts = self._locate(epoch, indices)
         if len(self.files) == 1:
             windows = self._windows(0)[firsts]
         else:
