@@ -27,8 +27,8 @@ batch out at once. The loader counts the batches your loop receives, so
 its state resumes a run exactly, with any number of ranks or workers.
 
 The file reads top-down: the dataset, the open-file budget, the sampler
-and the loaders, then the helpers they call, and the writer last. Each
-function sits below its first use, and constants at the top of their part.
+and the loaders, then the helpers they call, and the writer last. Within a
+part, what you call comes first; constants open the part that uses them.
 Importing it imports numpy only: a prep script can write files without torch."""
 
 from __future__ import annotations
@@ -828,11 +828,6 @@ class TokenFile(NamedTuple):
     sidecar: dict[str, Any]  # {} for a file without one
 
 
-def sidecar_path(path: PathLike) -> Path:
-    """A token file's JSON sidecar: its name with '.json' added (train.npy.json)."""
-    return Path(path).with_name(Path(path).name + ".json")
-
-
 def read_sidecar(path: PathLike) -> dict[str, Any] | None:
     """A token file's JSON sidecar (None if there is none), its fields checked."""
     side = sidecar_path(path)
@@ -860,6 +855,11 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
         fix = "write the file again (rerun the prep step, or write_tokens)"
         raise TokenFileError(f"{name}: {problem}; {fix}")
     return meta
+
+
+def sidecar_path(path: PathLike) -> Path:
+    """A token file's JSON sidecar: its name with '.json' added (train.npy.json)."""
+    return Path(path).with_name(Path(path).name + ".json")
 
 
 def open_tokens(
