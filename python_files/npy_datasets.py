@@ -1,7 +1,6 @@
-"""Serve (x, y) next-token windows from token files on disk, never read whole.
+"""Serve (x, y) next-token windows to PyTorch from token files on disk.
 
-Copy this one file into your project: it needs Python 3.11+, numpy, torch and
-the standard library.
+Copy this one file into your project. It needs Python 3.11+, numpy and torch.
 
     write_tokens("data/tinystories/train.npy", ids,  # once, any tokenizer's
                  n_vocab=50257, tokenizer="gpt2", eot_id=50256)
@@ -16,20 +15,21 @@ the standard library.
             x, y = to_device(batch, "cuda")  # int64, (32, 256): y is x shifted by one
             ...  # loss = model(x, y); save the model, optimizer and loader's state
 
-len(train_loader) is a whole epoch, even for a resumed pass: keep your
-own step count. Under torchrun, init_process_group first: each rank gets
-a share. Lightning and accelerate take these loaders as they are.
+len(train_loader) is a whole epoch's batches, even in a resumed pass, so
+keep your own step count. Under torchrun, call init_process_group before
+make_dataloaders: each rank then serves its own share of every epoch.
+Lightning and accelerate take these loaders as they are.
 
-How it works. Token files are memory-mapped. The sampler yields (epoch,
-indices): a batch of window indices, and their epoch. The dataset finds each
-window's file and first token, and gathers the batch with one fancy index per
-file. The loader counts the batches your loop received; its state is JSON, the
-epoch and a global position in the epoch's order, so a run resumes with any
-number of ranks or workers. Files are checked when opened (size, header,
-sidecar); each batch checks that its file is still the one opened.
+How it works. Token files are memory-mapped: only the pages a batch
+touches are read. The sampler yields batches of window indices, each with
+its epoch. The dataset finds where each window starts, and copies the
+batch out at once. The loader counts the batches your loop receives, so
+its state resumes a run exactly, with any number of ranks or workers.
 
-Importing it imports numpy only (torch where used): a prep step can write token
-files without torch."""
+The file reads top-down: the dataset, the open-file budget, the sampler
+and the loaders, then the helpers they call, and the writer last. Within a
+part, what you call comes first; constants open the part that uses them.
+Importing it imports numpy only: a prep script can write files without torch."""
 
 from __future__ import annotations
 
@@ -49,332 +49,54 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-PathLike = str | os.PathLike  # a path, as a str or a Path
-
 if TYPE_CHECKING:
     import torch
 
+PathLike = str | os.PathLike
+
 __all__ = [
-    "FORMAT_VERSION",
-    "TokenFileError",
-    "read_sidecar",
-    "open_tokens",
     "NpyTokensDataset",
     "EpochSampler",
     "EpochLoader",
     "make_dataloaders",
-    "verify_across_ranks",
     "to_device",
+    "verify_across_ranks",
+    "TokenFileError",
+    "read_sidecar",
+    "open_tokens",
     "write_tokens",
+    "FORMAT_VERSION",
 ]
 
-# ---- Constants ----
+# ---- The format version, and the error for a bad file ----
+# The one number you may tune, MAX_OPEN_FILES, is in the open-file budget.
 
-FORMAT_VERSION = 1  # of the JSON sidecar beside each token file
-NPY_MAGIC = b"\x93NUMPY"
-# llm.c's shards: 256 int32 words (magic, version, count, zeros), then the ids.
-LLMC_HEADER_BYTES = 256 * 4
-LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # magic: version
-LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}
-LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights, ...
-# Each open hashes a file's first and last 64 KiB: a file swapped for one
-# of the same size (two shards, say) is caught without a full read.
-PROBE_BYTES = 1 << 16
-# The sidecar fields write_tokens writes, and their JSON types. The reader
-# needs only format and format_version; `prepare_tokens.py --verify`, all.
-WRITTEN_FIELDS = {
-    "format": str,
-    "format_version": int,
-    "file": str,
-    "layout": str,
-    "dtype": str,
-    "shape": list,
-    "n_tokens": int,
-    "file_size": int,
-    "sha256": str,
-    "probe_sha256": str,
-    "max_token_id": int,
-    "tokenizer": str,
-    "n_vocab": int,
-    "eot_id": int,
-}
-JSON_TYPES = {str: "string", int: "integer", list: "array"}
-SAMPLER_STATE_FORMAT = "npy_datasets.EpochSampler"
+FORMAT_VERSION = 1  # of the JSON sidecar this file reads and writes
 
 
 class TokenFileError(ValueError):
-    """A token file, or its sidecar, is not what the loader can read safely."""
+    """A token file or its sidecar cannot be read safely."""
 
 
-class TokenFile(NamedTuple):
-    """A token file as it was when it was checked and opened."""
-
-    path: str
-    layout: str  # "npy", "llmc" or "bin" (raw ids)
-    dtype: np.dtype
-    shape: tuple[int, ...]  # (tokens,), or (rows, tokens) for a 2-D .npy
-    offset: int  # bytes before the first id
-    identity: tuple[int, int, int, int]  # device, inode, size, mtime
-    probe: str  # sha256 of its first and last PROBE_BYTES
-    sidecar: dict[str, Any]  # {} for a file without one
-
-
-# ---- Reading token files ----
-
-
-def sidecar_path(path: PathLike) -> Path:
-    """A token file's JSON sidecar: its name with '.json' added (train.npy.json)."""
-    return Path(path).with_name(Path(path).name + ".json")
-
-
-def read_sidecar(path: PathLike) -> dict[str, Any] | None:
-    """A token file's JSON sidecar, or None: "format", "format_version", and
-    any field write_tokens writes, of its JSON type."""
-    side = sidecar_path(path)
-    if not os.path.lexists(side):
-        return None
-    if not side.is_file():  # a FIFO's read would wait for a writer
-        raise TokenFileError(f"{str(side)!r} is not a file: a sidecar is JSON, or absent")
-    try:
-        meta = json.loads(side.read_bytes())
-    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON
-        problem = f"{str(side)!r} is no JSON to read ({error})"
-        raise TokenFileError(f"{problem}; write it again") from None
-    if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
-        raise TokenFileError(f'{str(side)!r} is not a sidecar: it lacks "format": "npy-tokens"')
-    version = meta.get("format_version")
-    if type(version) is int and not 1 <= version <= FORMAT_VERSION:
-        newer = f"this npy_datasets.py reads 1 to {FORMAT_VERSION}: copy a newer one"
-        raise TokenFileError(f"{str(side)!r} has format_version {version!r}; {newer}")
-    # type(), not isinstance(): a JSON true is a bool, and a bool an int.
-    present = [k for k in WRITTEN_FIELDS if k in meta or k == "format_version"]
-    bad = next((k for k in present if type(meta.get(k)) is not WRITTEN_FIELDS[k]), None)
-    if bad is not None:
-        found = f"is {meta[bad]!r:.60}, not" if bad in meta else "is missing: it needs"
-        problem = f"{bad!r} {found} a JSON {JSON_TYPES[WRITTEN_FIELDS[bad]]}"
-        fix = "write the file again (rerun the prep step, or write_tokens)"
-        raise TokenFileError(f"{str(side)!r}: {problem}; {fix}")
-    return meta
-
-
-def open_tokens(
-    path: PathLike, dtype: Any = None, *, vocab_size: int | None = None, verify: bool = False
-) -> np.memmap:
-    """A token file (.npy, llm.c shard, or raw ids of the sidecar's dtype or
-    dtype=) as a read-only memmap. vocab_size refuses larger ids; verify=True
-    compares the sha256 too."""
-    return _memmap(_open_file(os.fspath(path), dtype, vocab_size, verify))
-
-
-def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> TokenFile:
-    """A token file checked: a stat, its sidecar, its head and tail, its header."""
-    if vocab_size is not None:
-        _check_int("vocab_size", vocab_size, 1)
-    if type(verify) is not bool:
-        raise TypeError(f"verify must be True or False, got {verify!r}")
-    dtype = None if dtype is None else _token_dtype(dtype, "the dtype argument")
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path!r} does not exist") from None
-    except OSError as error:  # no permission, a link loop, ...
-        raise TokenFileError(f"{path!r} cannot be read ({error.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):  # a FIFO's read would wait for a writer
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise TokenFileError(f"{path!r} is {kind}; expected a .npy or .bin token file")
-    if st.st_size == 0:
-        raise TokenFileError(f"{path!r} is empty (0 bytes); write it again")
-    meta = read_sidecar(path) or {}
-    if verify and "sha256" not in meta:
-        lacks = "its sidecar has no sha256" if meta else "it has no sidecar"
-        raise TokenFileError(f"{path!r}: {lacks}, whose sha256 verify=True compares")
-    with open(path, "rb") as f:  # all below reads it, and _memmap maps only it
-        st = os.fstat(f.fileno())
-        head = f.read(PROBE_BYTES)
-        layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
-        probe = _probe(f, head, st.st_size)
-        f.seek(0)
-        digest = hashlib.file_digest(f, "sha256").hexdigest() if verify else None
-    if dtype not in (None, found):
-        raise TokenFileError(f"{path!r} holds {found.name}, but dtype={dtype.name} was passed")
-    actual = {"layout": layout, "dtype": found.name, "shape": list(shape)}
-    actual |= {"file_size": st.st_size, "probe_sha256": probe}
-    bad = next((k for k in actual if k in meta and meta[k] != actual[k]), None)
-    if bad is not None:
-        was = f"{bad} is {meta[bad]!r:.70} there, {actual[bad]!r:.70} here"
-        raise TokenFileError(f"{path!r} was replaced or damaged since its sidecar: {was}")
-    if verify and digest != meta["sha256"]:
-        differs = "its sha256 is not its sidecar's, which verify=True compares"
-        raise TokenFileError(f"{path!r} is damaged: {differs}")
-    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
-    if vocab_size is not None:  # max_token_id, or else a read of every id
-        top = meta.get("max_token_id")
-        top = int(_memmap(file).max()) if top is None else top
-        if top >= vocab_size:
-            raise TokenFileError(f"{path!r} holds ids up to {top}, past vocab_size={vocab_size}")
-    return file
-
-
-def _layout(
-    path: str, head: bytes, size: int, meta: dict[str, Any], dtype: np.dtype | None
-) -> tuple[str, np.dtype, tuple[int, ...], int]:
-    """The layout the first bytes tell; the ids' dtype, shape and offset.
-    A sidecar's "bin" wins over the bytes: raw ids may spell the .npy
-    magic (GPT-2 ids 20115, 19797, 22864 do)."""
-    magic = int.from_bytes(head[:4], "little")
-    raw = meta.get("layout") == "bin"
-    if not raw and (head.startswith(NPY_MAGIC) or path.endswith(".npy")):
-        return ("npy", *_npy_layout(path, head, size))
-    if not raw and magic in LLMC_OTHER_FILES:
-        raise TokenFileError(f"{path!r} is an llm.c file, but not a token shard: magic {magic}")
-    if not raw and magic in LLMC_VERSIONS:  # as llm.c checks: version, size
-        version, count = np.frombuffer(head[4:12].ljust(8, b"\0"), dtype="<i4").tolist()
-        dtype = LLMC_DTYPES[magic]
-        needed = LLMC_HEADER_BYTES + count * dtype.itemsize
-        if version != LLMC_VERSIONS[magic] or count <= 0 or needed != size:
-            found = f"magic {magic}, version {version}, {count} tokens: {needed} bytes, not {size}"
-            raise TokenFileError(f"{path!r} is not an llm.c token shard llm.c would read: {found}")
-        return "llmc", dtype, (count,), LLMC_HEADER_BYTES
-    dtype = meta.get("dtype", dtype)  # raw ids: the sidecar's dtype, or dtype=
-    if dtype is None:
-        fix = "pass dtype=np.uint16 (nanoGPT's train.bin) or np.uint32"
-        raise TokenFileError(f"{path!r} holds raw ids and no sidecar gives their dtype: {fix}")
-    dtype = _token_dtype(dtype, repr(path))
-    if size % dtype.itemsize:
-        raise TokenFileError(f"{path!r} has {size} bytes, not a whole number of {dtype.name} ids")
-    return "bin", dtype, (size // dtype.itemsize,), 0
-
-
-def _llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """llm.c's shard header, as _layout reads it: magic, version, count."""
-    magic = next(m for m, d in LLMC_DTYPES.items() if d == dtype)
-    n_tokens = shape[0]
-    if n_tokens >= 2**31:  # the count is an int32
-        most = f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}"
-        raise ValueError(f"{most}; write it as several shards")
-    words = np.array([magic, LLMC_VERSIONS[magic], n_tokens], dtype="<i4")
-    return words.tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
-
-
-def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int, ...], int]:
-    """A .npy header, parsed by numpy (which never unpickles), then what numpy
-    leaves to us: uint16 or uint32, 1-D or 2-D, C order, whole."""
-    if not head.startswith(NPY_MAGIC):
-        found = "is cut short in" if NPY_MAGIC.startswith(head) else f"starts {head[:6]!r}, not"
-        raise TokenFileError(f"{path!r} {found} the .npy magic (raw ids belong in a .bin)")
-    readers = {
-        (1, 0): np.lib.format.read_array_header_1_0,
-        (2, 0): np.lib.format.read_array_header_2_0,
-    }
-    try:  # the bytes read already: numpy refuses a header over 10,000 bytes
-        with io.BytesIO(head) as f:
-            version = np.lib.format.read_magic(f)
-            if version not in readers:  # 3.0: UTF-8 field names, never token ids
-                raise ValueError(f"format version {version}, where token files are 1.0 or 2.0")
-            shape, fortran, found = readers[version](f)
-            offset = f.tell()
-    except Exception as error:  # numpy raises several kinds
-        # Its first sentence: the rest may advise allow_pickle.
-        reason = str(error).split(".\n")[0].split(". ")[0]
-        raise TokenFileError(f"{path!r} has a .npy header numpy cannot read: {reason}") from None
-    dtype = _token_dtype(found, repr(path))  # a 0-byte dtype would kill numpy
-    if (
-        not 1 <= len(shape) <= 2
-        or any(type(n) is not int for n in shape)  # numpy lets True pass as an int
-        or min(shape) < 1
-        or (fortran and len(shape) == 2 and 1 not in shape)
-    ):
-        order = "Fortran" if fortran else "C"
-        valid = "token ids are 1-D or 2-D, in C order, each dimension at least 1"
-        raise TokenFileError(f"{path!r} holds shape {shape} in {order} order: {valid}")
-    needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
-    if needed > size:
-        short = f"its header needs {needed:,} bytes, it has {size:,}"
-        raise TokenFileError(f"{path!r} is cut short: {short}")
-    return dtype, shape, offset
-
-
-def _token_dtype(dtype: Any, where: str) -> np.dtype:
-    """dtype as little-endian uint16 or uint32 (the widths of token ids)."""
-    try:
-        found = np.dtype(dtype)
-    except (TypeError, ValueError):
-        raise TokenFileError(f"{where}: {dtype!r} is not a dtype; use uint16 or uint32") from None
-    if found.kind != "u" or found.itemsize not in (2, 4) or found.byteorder == ">":
-        raise TokenFileError(f"{where}: dtype {found.str!r} is not uint16 or uint32, little-endian")
-    return found.newbyteorder("<")
-
-
-def _probe(f: BinaryIO, head: bytes, size: int) -> str:
-    """sha256 of a file's first and last PROBE_BYTES, no byte twice."""
-    f.seek(max(len(head), size - PROBE_BYTES))
-    return hashlib.sha256(head + f.read(PROBE_BYTES)).hexdigest()
-
-
-def _memmap(file: TokenFile) -> np.memmap:
-    """The checked file's ids, read-only, mapped only if the path still opens
-    the file checked: one renamed over it since is refused."""
-    try:
-        with open(file.path, "rb") as f:
-            st = os.fstat(f.fileno())
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity:
-                return np.memmap(f, file.dtype, "r", offset=file.offset, shape=file.shape)
-    except (OSError, ValueError) as error:  # ValueError: it shrank just now
-        reason = getattr(error, "strerror", None) or error
-        problem = f"{file.path!r} cannot be mapped ({reason})"
-        if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE):
-            problem += f"; {_limit_fix(1, '')}"  # out of descriptors
-        raise TokenFileError(problem) from None
-    raise TokenFileError(f"{file.path!r} changed since it was checked: open it again")
-
-
-def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be from {low:,} to {high:,}, got {value}")
-
-
-# ---- The dataset: windows, and one gather a batch ----
-
-
-def _expand_paths(path: Any) -> list[str]:
-    """A token file, a list of them, or a glob ('data/train_*.npy', sorted)."""
-    files = path if isinstance(path, (list, tuple)) else [path]
-    if not files or not all(isinstance(p, (str, os.PathLike)) for p in files):
-        raise TypeError(f"path must be a file, a glob or a non-empty list of files: {path!r:.100}")
-    text = os.fspath(files[0])
-    pattern = not os.path.exists(text) and bool(set(text) & set("*?["))
-    if isinstance(path, (list, tuple)) or not pattern:
-        return [os.fspath(p) for p in files]
-    found = sorted(p for p in glob.glob(text) if not p.endswith(".json"))
-    if not found:
-        raise FileNotFoundError(f"no token file matches {text!r} (sidecars, *.json, are skipped)")
-    return found
-
-
-def _check_one_dtype_and_tokenizer(files: list[TokenFile]) -> None:
-    first = files[0]
-    other = next((f for f in files if f.dtype != first.dtype), None)
-    if other is not None:
-        both = f"{other.path!r} holds {other.dtype.name}, {first.path!r} {first.dtype.name}"
-        raise TokenFileError(f"{both}: a dataset has one dtype")
-    named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
-    if len(named) > 1:
-        raise TokenFileError(f"files of one dataset need one tokenizer; these differ: {named}")
+# ---- The dataset ----
+# It turns window indices into (x, y). Every copier needs it.
 
 
 class NpyTokensDataset:
-    """(x, y) next-token windows of token files: int64, y is x shifted by one.
+    """(x, y) next-token windows of token files, as int64 tensors.
 
-    ds[i] is window i, (seq_len,) each; ds[epoch, indices] a batch, gathered at
-    once. Files (a list, or a sorted glob) share one index space; no window
-    crosses a file or a row of a 2-D file. mode="windows": window i is
-    tokens[i*seq_len : (i+1)*seq_len + 1]. mode="random": num_samples windows
-    an epoch, each starting anywhere, drawn from (seed, epoch, i) alone.
-    A plain DataLoader(ds, batch_size=B) passes no epoch: it gets epoch 0's
-    windows every epoch, the same draws in mode="random"."""
+    x is seq_len tokens, and y is x shifted by one. ds[i] is window i, and
+    ds[epoch, indices] is a batch. path is a file, a list of files, or a
+    glob such as "data/train_*.npy". No window crosses from one file, or
+    from one row of a 2-D file, to the next.
+
+    mode="windows" cuts the tokens into windows that do not overlap.
+    mode="random" serves num_samples windows an epoch, at random starts that
+    depend only on seed, the epoch and the index. So seed matters in that
+    mode only; the order windows are served in is set by make_dataloaders'
+    seed. A plain DataLoader(ds, batch_size=B) passes no epoch, so it gets
+    epoch 0's windows every epoch. dtype is for raw .bin files without a
+    sidecar. verify=True compares each file's sha256 with its sidecar's."""
 
     def __init__(
         self,
@@ -399,16 +121,16 @@ class NpyTokensDataset:
         self.seq_len = int(seq_len)
         self.mode = mode
         self.seed = int(seed)
-        self.paths = _expand_paths(path)
-        self.files = [_open_file(p, dtype, vocab_size, verify) for p in self.paths]
+        self.files = self._open_files(path, dtype, vocab_size, verify)
+        self.paths = [f.path for f in self.files]
         self.dtype = self.files[0].dtype
-        _check_one_dtype_and_tokenizer(self.files)
         shapes = [f.shape if len(f.shape) == 2 else (1, *f.shape) for f in self.files]
-        shapes = np.array(shapes)  # (rows, tokens of each): a 1-D file is one row
+        shapes = np.array(shapes)  # (rows, tokens a row) of each file; 1-D is one row
         self._row_len = shapes[:, 1]
         self._windows_per_row = (self._row_len - 1) // self.seq_len
         self._starts_per_row = np.maximum(self._row_len - self.seq_len, 0)
-        # Window k is in file f where bounds[f] <= k < bounds[f + 1]; starts too.
+        # Window k is in file f when bounds[f] <= k < bounds[f + 1]. The
+        # random starts of mode="random" are numbered the same way.
         windows = np.cumsum(shapes[:, 0] * self._windows_per_row)
         starts = np.cumsum(shapes[:, 0] * self._starts_per_row)
         self._window_bounds = np.concatenate(([0], windows))
@@ -416,26 +138,48 @@ class NpyTokensDataset:
         if self._window_bounds[-1] == 0:
             longest = self._row_len.max()
             need = f"{longest} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
-            fix = "use a smaller seq_len, or prepare with a larger --val-fraction"
-            raise ValueError(f"{self.paths[0]!r} and the rest hold no window: {need}; {fix}")
+            raise ValueError(f"{self.paths[0]!r} and the rest hold no window: {need}")
         total = self._window_bounds[-1] if num_samples is None else num_samples
         self.num_samples = int(total)
         self._one_flat_file = len(self.files) == 1 and len(self.files[0].shape) == 1
-        # Each process (a DataLoader worker) maps files of its own, least
-        # recently used first, and sizes _max_maps when it maps its first.
+        # The files this process has mapped, least recently used first.
         self._maps: dict[int, np.ndarray] = {}
-        self._pid = None
-        self._max_maps = MAX_OPEN_FILES
+        self._pid = None  # the process the maps belong to
+        self._max_maps = 0  # set by _windows in each process
 
-    def __getstate__(self) -> dict[str, Any]:  # a worker maps files itself
+    @staticmethod
+    def _open_files(path: Any, dtype: Any, vocab_size: Any, verify: bool) -> list[TokenFile]:
+        """Open each file: path is a file, a list of files, or a glob (sorted)."""
+        given = path if isinstance(path, (list, tuple)) else [path]
+        if not given or not all(isinstance(p, (str, os.PathLike)) for p in given):
+            raise TypeError(f"path must be a file, a glob or a non-empty list: {path!r:.100}")
+        text = os.fspath(given[0])
+        pattern = not os.path.exists(text) and bool(set(text) & set("*?["))
+        if isinstance(path, (list, tuple)) or not pattern:
+            paths = [os.fspath(p) for p in given]
+        else:
+            paths = sorted(p for p in glob.glob(text) if not p.endswith(".json"))
+        if not paths:
+            raise FileNotFoundError(f"no token file matches {text!r} (*.json are skipped)")
+        files = [_open_file(p, dtype, vocab_size, verify) for p in paths]
+        first = files[0]
+        other = next((f for f in files if f.dtype != first.dtype), None)
+        if other is not None:
+            both = f"{other.path!r} holds {other.dtype.name}, {first.path!r} {first.dtype.name}"
+            raise TokenFileError(f"{both}: a dataset has one dtype")
+        named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
+        if len(named) > 1:
+            raise TokenFileError(f"a dataset needs one tokenizer; these differ: {named}")
+        return files
+
+    def __getstate__(self) -> dict[str, Any]:  # a worker maps the files itself
         return {**self.__dict__, "_maps": {}}
 
     def __len__(self) -> int:
         return self.num_samples
 
     def fingerprint(self) -> dict[str, Any]:
-        """What decides the windows: the files' names, sizes, shapes and hashes,
-        and the settings."""
+        """What decides the windows, as JSON: the files and the settings."""
         files = [
             {"name": Path(f.path).name, "bytes": f.identity[2], "dtype": f.dtype.name}
             | {"shape": list(f.shape), "sha256": f.sidecar.get("sha256"), "probe": f.probe}
@@ -455,8 +199,7 @@ class NpyTokensDataset:
         return self._gather(int(index[0]), self._indices(index[1]))
 
     def __getitems__(self, keys: list[int] | tuple) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A batch, gathered at once: an EpochSampler's (epoch, indices) under
-        DataLoader(ds, batch_sampler=sampler), or indices, always of epoch 0."""
+        """A batch for DataLoader: keys are (epoch, indices), or indices of epoch 0."""
         epoch, indices = keys if isinstance(keys, tuple) and len(keys) == 2 else (0, keys)
         if self.mode == "random" and not isinstance(keys, tuple):
             fix = "use make_dataloaders, or an EpochSampler as batch_sampler="
@@ -466,12 +209,12 @@ class NpyTokensDataset:
         return list(zip(x, y))
 
     def _indices(self, keys: list | np.ndarray) -> np.ndarray:
-        """Window indices as int64 in [0, len(self)); -1 is the last."""
+        """Window indices as int64, from 0 to len(self) - 1; -1 is the last."""
         found = np.asarray(keys)
         bools = isinstance(keys, list) and bool in map(type, keys)  # numpy reads True as 1
         if found.ndim != 1 or (found.size and found.dtype.kind not in "iu") or bools:
-            found = f"{found.dtype} {keys!r:.80}"
-            raise TypeError(f"use ds[i] (an int) or ds[epoch, indices] (1-D ints), not {found}")
+            given = f"{found.dtype} {keys!r:.80}"
+            raise TypeError(f"use ds[i] (an int) or ds[epoch, indices] (1-D ints), not {given}")
         n = self.num_samples
         low, high = (int(found.min()), int(found.max())) if found.size else (0, 0)
         if low < -n or high >= n:
@@ -481,10 +224,15 @@ class NpyTokensDataset:
             return found.astype(np.int64) % n
         return found.astype(np.int64, copy=False)
 
-    def locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The file of each window, and its first token's position there."""
+    def locate(self, epoch: int, indices: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Each window's file, and its first token's position in that file."""
+        _check_int("epoch", epoch, 0)
+        return self._locate(int(epoch), self._indices(indices))
+
+    def _locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """locate without its checks: the batch path, _gather, calls this."""
         indices = np.asarray(indices, dtype=np.int64)
-        if self.mode == "random":  # start k of all the files' starts
+        if self.mode == "random":  # slot k: the k-th start over all the files
             # Seed and epoch are hashed before the index is added: else window
             # i + 1 of epoch e would be window i of epoch e + 1.
             key = _splitmix64(_splitmix64(self.seed) + epoch)
@@ -502,15 +250,15 @@ class NpyTokensDataset:
         return files, rows * self._row_len[files] + place * stride
 
     def _gather(self, epoch: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch: one fancy index into each file's windows, widened to int64."""
+        """A batch as int64 x and y, read with one index into each file."""
         import torch
 
-        files, firsts = self.locate(epoch, indices)
+        files, firsts = self._locate(epoch, indices)
         if len(self.files) == 1:
             windows = self._windows(0)[firsts]
         else:
             windows = np.empty((len(firsts), self.seq_len + 1), dtype=self.dtype)
-            for f in np.unique(files).tolist():  # one map in use at a time
+            for f in np.unique(files).tolist():  # one file's map in use at a time
                 mine = files == f
                 windows[mine] = self._windows(f)[firsts[mine]]
         x = windows[:, :-1].astype(np.int64)
@@ -518,25 +266,24 @@ class NpyTokensDataset:
         return torch.from_numpy(x), torch.from_numpy(y)
 
     def _windows(self, f: int) -> np.ndarray:
-        """File f's windows (row s: tokens s to s + seq_len), mapped in this
-        process once the file is checked to be the one opened: a read of a
-        map of a file truncated since kills the process (SIGBUS)."""
+        """Every window of file f (row s: tokens s to s + seq_len), over its map."""
         file = self.files[f]
         try:
             st = os.stat(file.path)
             same = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity
         except OSError:
             same = False
-        if not same:
-            raise TokenFileError(f"{file.path!r} changed since the dataset opened it: open it anew")
-        if self._pid != os.getpid():  # a worker: its inherited maps go
+        if not same:  # reading a map of a file cut short since kills the process
+            changed = f"{file.path!r} changed since the dataset opened it"
+            raise TokenFileError(f"{changed}: open it anew")
+        if self._pid != os.getpid():  # a new process: the maps it inherited go
             self._maps = {}
             self._pid = os.getpid()
             self._max_maps = _maps_this_process_may_keep()
         windows = self._maps.pop(f, None)  # put back last: in order of use
         while windows is None and len(self._maps) >= self._max_maps:
             del self._maps[next(iter(self._maps))]
-        if windows is None:  # overlapping rows over the map: no copy
+        if windows is None:  # rows that overlap, over the map: nothing copied
             flat = np.asarray(_memmap(file)).reshape(-1)
             step = flat.strides[0]
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)
@@ -547,8 +294,7 @@ class NpyTokensDataset:
 
 
 def _splitmix64(x: Any) -> Any:
-    """SplitMix64's output function: a well-spread 64-bit value of each input,
-    a Python int or a uint64 array (which wraps at 2**64 by itself)."""
+    """SplitMix64's output: a well-mixed 64-bit hash of an int or a uint64 array."""
     mask = 2**64 - 1
     x = (x + 0x9E3779B97F4A7C15) & mask
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
@@ -556,51 +302,23 @@ def _splitmix64(x: Any) -> Any:
     return x ^ (x >> 31)
 
 
-# ---- The open-file budget ----
-# Each map holds a descriptor, and a DataLoader worker hands each batch over
-# through shared memory, a descriptor a tensor. Under a low open-file limit
-# (ulimit -n) a worker loses a batch and the loader waits for ever. This block
-# keeps maps within the limit, and refuses at once, naming it, what would hang.
-# A copier who never meets a low limit can cut it whole, with the lines that
-# call into it (in _memmap, _windows, EpochLoader.__iter__, make_dataloaders)
-# and a number for _max_maps in NpyTokensDataset.__init__.
+# ---- The open-file budget (optional) ----
+# Each mapped file holds a file descriptor, and a worker needs a few a batch.
+# Under a low limit (ulimit -n) a worker loses a batch and the loader hangs;
+# this block keeps maps under the limit, or raises at once. To cut it, delete
+# it and `import errno`, set self._max_maps = 1024 in _windows, and delete
+# its calls in _memmap, EpochLoader.__iter__ and make_dataloaders.
 
-MAX_OPEN_FILES = 1024  # files one process keeps mapped at most
-# Free descriptors the loader needs: 16, and 4 a batch in flight from a
-# worker (x and y, twice over): 2 workers each 2 ahead hung under 24.
+MAX_OPEN_FILES = 1024  # the most files one process keeps mapped
+# Free descriptors a DataLoader needs: 16, and 4 for each batch a worker has
+# in flight (x and y, twice). 2 workers, each 2 batches ahead, hung under 24.
 LOADER_DESCRIPTORS = 16
 BATCH_DESCRIPTORS = 4
 
 
-def _descriptors() -> tuple[int | None, int]:
-    """The open-file limit (None: none, or not Unix), and descriptors in use."""
-    try:
-        import resource  # Unix only
-    except ImportError:
-        return None, 0
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = None if limit == resource.RLIM_INFINITY else limit
-    try:
-        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
-    except OSError:  # listing them takes a descriptor: none is left
-        return limit, limit or 0
-
-
-def _fits(in_use: int, needed: int) -> int:
-    """A limit to advise: twice what is in use and needed, 4096 at least."""
-    return max(4096, 2 * (in_use + needed))
-
-
-def _limit_fix(needed: int, or_else: str) -> str:
-    """Descriptors in use, the limit, and a limit with room for `needed` more."""
-    limit, in_use = _descriptors()
-    fix = f"raise it (ulimit -n {_fits(in_use, needed)}){or_else}"
-    return f"{in_use} descriptors in use, the limit is {limit}: {fix}"
-
-
 def _maps_this_process_may_keep() -> int:
-    """Half the descriptors free after DataLoader's own, at most MAX_OPEN_FILES.
-    A worker with fewer than LOADER_DESCRIPTORS free would lose batches: refused."""
+    """Half the descriptors free after the DataLoader's, at most MAX_OPEN_FILES.
+    A worker with fewer than LOADER_DESCRIPTORS free raises (it would hang)."""
     from torch.utils.data import get_worker_info
 
     limit, in_use = _descriptors()
@@ -615,8 +333,7 @@ def _maps_this_process_may_keep() -> int:
 
 
 def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
-    """Refuse now, naming the limit, what a low one fails later: workers that
-    hand batches over, and pinned memory, which starts CUDA."""
+    """Raise now, naming the limit, where a low one would fail later."""
     limit, in_use = _descriptors() if num_workers else (None, 0)
     in_flight = num_workers * prefetch_factor  # batches workers fetch ahead
     needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * in_flight
@@ -634,35 +351,46 @@ def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
             raise RuntimeError(f"pinning memory starts {failed}; {fix}") from error
 
 
-# ---- The sampler: epochs, ranks and resume state ----
+def _descriptors() -> tuple[int | None, int]:
+    """The open-file limit (None if none), and the descriptors in use."""
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return None, 0
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = None if limit == resource.RLIM_INFINITY else limit
+    try:
+        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
+    except OSError:  # listing them takes a descriptor, and none is left
+        return limit, limit or 0
 
 
-@dataclass
-class SamplerPass:
-    """One pass over an EpochSampler, as far as it has gone."""
+def _limit_fix(needed: int, or_else: str) -> str:
+    """Advice: the descriptors in use, the limit, and a limit to raise it to."""
+    limit, in_use = _descriptors()
+    enough = max(4096, 2 * (in_use + needed))  # twice what is needed, 4096 at least
+    fix = f"raise it (ulimit -n {enough}){or_else}"
+    return f"{in_use} descriptors in use, the limit is {limit}: {fix}"
 
-    epoch: int
-    start: int  # where it began in the epoch's order (all ranks' items)
-    items: int  # the indices this rank's pass holds
-    handed: int = 0  # how many of them reached the loop
+
+# ---- The sampler ----
+# Each epoch's order, each rank's share, and resuming. Every copier needs it.
 
 
 class EpochSampler:
-    """Batches of window indices, (epoch, indices), for an EpochLoader or a
-    DataLoader(ds, batch_sampler=sampler). Epoch e's order is drawn from
-    (seed, e) alone. Rank r of W takes its items r, r + W, ...; remainder=
-    "drop" leaves out the last n % W so ranks split evenly, "pad" repeats
-    the first ones; drop_last drops this rank's last short batch.
+    """Batches of window indices, as (epoch, indices), for an EpochLoader or
+    for DataLoader(ds, batch_sampler=sampler).
 
-    The epoch rules. A pass is one iteration. After a pass that served all its
-    batches comes the next epoch, from its start; after a pass the loop left
-    early (a break, or a peek: next(iter(loader))), the same pass again, from
-    its start. set_epoch(e) makes the next
-    pass epoch e, from its start; right after load_state_dict, only the loaded
-    epoch, from the loaded position. len() is a whole epoch's batches of this
-    rank, even when a resumed pass holds fewer. A batch is served when the
-    loop receives it (EpochLoader), or when it goes to a plain DataLoader's
-    workers, which fetch ahead."""
+    Epoch e's order depends only on seed and e. Rank r of W serves items r,
+    r + W, r + 2W, ... of it. remainder="drop" leaves out the windows that
+    the ranks cannot share evenly, and "pad" repeats the first few instead:
+    DistributedSampler's drop_last=True and False. drop_last=True drops this
+    rank's short last batch, as DataLoader's drop_last does.
+
+    Each iteration is a pass. After a pass that served all its batches comes
+    the next epoch; after a pass the loop left early, the same epoch again.
+    set_epoch(e) makes the next pass epoch e. After load_state_dict, the
+    next pass goes on from the saved position."""
 
     def __init__(
         self,
@@ -679,7 +407,7 @@ class EpochSampler:
         _check_int("batch_size", batch_size, 1)
         _check_int("seed", seed, 0)
         if type(shuffle) is not bool or type(drop_last) is not bool:
-            raise TypeError(f"shuffle and drop_last are True or False: {shuffle!r}, {drop_last!r}")
+            raise TypeError(f"shuffle and drop_last must be bools: {shuffle!r}, {drop_last!r}")
         if remainder not in ("drop", "pad"):
             raise ValueError(f'remainder must be "drop" or "pad", got {remainder!r}')
         if (world_size is None) != (rank is None):
@@ -704,8 +432,8 @@ class EpochSampler:
         self._latest: SamplerPass | None = None  # the pass that began last
         fingerprint = getattr(data_source, "fingerprint", None)
         self._fingerprint = None if fingerprint is None else fingerprint()
-        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is in memory
-            raise ValueError(f"{self.num_samples:,} windows: an epoch takes 1 to 2**31 windows")
+        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory
+            raise ValueError(f"an epoch takes 1 to 2**31 windows, not {self.num_samples:,}")
         if len(self) == 0:
             share = f"{self._share(self.num_samples)} windows a rank: lower batch_size or ranks"
             raise ValueError(f"batch_size={batch_size} leaves no whole batch of {share}")
@@ -715,24 +443,23 @@ class EpochSampler:
         """The epoch of the next pass."""
         return self._next_pass()[0]
 
-    def _finished(self) -> bool:
+    def _finished(self) -> bool:  # the latest pass served all its batches
         return self._latest is not None and self._latest.handed == self._latest.items
 
     def _next_pass(self) -> tuple[int, int]:
-        """The epoch of the next pass, and its start in that epoch's order."""
+        """The next pass's epoch, and its start in that epoch's order."""
         if self._finished():
             return self._latest.epoch + 1, 0
         return self._epoch, self._start
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass is epoch `epoch`, from its start, even while one runs;
-        right after load_state_dict, only the loaded epoch, at its position."""
+        """The next pass is epoch `epoch`; after load_state_dict, only the saved one."""
         _check_int("epoch", epoch, 0)
         resuming = self._resumed and not self._finished()
         if resuming and epoch != self._epoch:
             loaded = f"the loaded state continues epoch {self._epoch} at {self._start}"
-            lightning = "a Lightning checkpoint saved after fit(max_steps=...) counts it as done"
-            fix = f"start at sampler.epoch ({lightning}: save with ModelCheckpoint instead)"
+            why = "a Lightning checkpoint saved after fit(max_steps=...) counts it as done"
+            fix = f"start at sampler.epoch ({why}: save with ModelCheckpoint instead)"
             raise ValueError(f"set_epoch({epoch}), but {loaded}: {fix}")
         self._start = self._start if resuming else 0
         self._epoch = int(epoch)
@@ -740,17 +467,17 @@ class EpochSampler:
         self._latest = None  # a state saved now describes the pass to come
 
     def __len__(self) -> int:
-        """A whole epoch's batches of this rank."""
+        """A whole epoch's batches on this rank."""
         items = self._share(self.num_samples)
         size = self.batch_size
         return items // size if self.drop_last else _ceil_div(items, size)
 
-    def _share(self, n: int) -> int:
+    def _share(self, n: int) -> int:  # each rank's share of n windows
         world = self.world_size
         return n // world if self.remainder == "drop" else _ceil_div(n, world)
 
     def order(self, epoch: int, start: int = 0) -> np.ndarray:
-        """This rank's indices of `epoch`, from `start` of the epoch's order on."""
+        """This rank's window indices of `epoch`, from `start` in its order."""
         if not 0 <= start <= self.num_samples:
             raise ValueError(f"start must be from 0 to {self.num_samples:,}, got {start}")
         if self.shuffle:
@@ -766,7 +493,7 @@ class EpochSampler:
         return rest[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        # A generator: a pass decides its epoch when its first batch is asked for.
+        # A generator: a pass picks its epoch when its first batch is asked for.
         current, batches = self._begin()
         for epoch, indices in batches:
             current.handed += len(indices)
@@ -777,7 +504,7 @@ class EpochSampler:
         now = _distributed_world() if self._world_from_torch else None
         if now is not None and now != (self.world_size, self.rank):
             made = f"made for rank {self.rank} of {self.world_size}, now rank {now[1]} of {now[0]}"
-            fix = "make the loaders after torch.distributed.init_process_group (see the README)"
+            fix = "make the loaders after torch.distributed.init_process_group"
             raise RuntimeError(f"an EpochSampler {made}: {fix}")
         self._resumed = self._resumed and not self._finished()
         epoch, start = self._next_pass()
@@ -792,9 +519,8 @@ class EpochSampler:
         return self._latest, batches
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where the next batch comes from (JSON). Under a plain DataLoader,
-        whose workers fetch ahead, pass consumed: the batches of this pass
-        your loop took (step of enumerate(loader, 1)). EpochLoader counts."""
+        """Where the next batch comes from, as JSON. Under a plain DataLoader,
+        pass consumed: the batches of this pass your loop took."""
         latest = self._latest or SamplerPass(self._epoch, self._start, 0)
         items = latest.handed
         if consumed is not None:
@@ -807,8 +533,9 @@ class EpochSampler:
         epoch = latest.epoch
         position = latest.start + items * self.world_size
         if self._latest is not None and items == latest.items:  # all served
-            epoch, position = latest.epoch + 1, 0
-        state = {"format": SAMPLER_STATE_FORMAT, "version": 1}
+            epoch = latest.epoch + 1
+            position = 0
+        state = {"format": "npy_datasets.EpochSampler", "version": 1}
         state |= {"epoch": epoch, "position": position, "dataset": self._fingerprint}
         settings = {"num_samples": self.num_samples, "shuffle": self.shuffle}
         return state | settings | {"seed": self.seed}
@@ -819,15 +546,18 @@ class EpochSampler:
         if not isinstance(state, dict) or set(state) != set(mine):
             raise ValueError(f"not an EpochSampler state (keys {sorted(mine)}): {state!r:.200}")
         settings = [k for k in mine if k not in ("epoch", "position")]
-        differs = [k for k in settings if (type(state[k]), state[k]) != (type(mine[k]), mine[k])]
-        bad = next(iter(differs), None)  # types too: a JSON true is not 1
+        typed = {k: (type(mine[k]), mine[k]) for k in settings}  # in JSON, true is not 1
+        bad = next((k for k in settings if (type(state[k]), state[k]) != typed[k]), None)
         if bad is not None:
-            saved, here = state[bad], mine[bad]
+            saved = state[bad]
+            here = mine[bad]
             if isinstance(saved, dict) and isinstance(here, dict):  # the dataset's
                 inner = next((k for k in here if saved.get(k) != here[k]), "")
-                bad, saved, here = f"{bad}.{inner}", saved.get(inner), here.get(inner)
+                bad = f"{bad}.{inner}"
+                saved = saved.get(inner)
+                here = here.get(inner)
             there = f"{saved!r:.120} in the state, {here!r:.120} here"
-            raise ValueError(f"an EpochSampler state of other windows or order: {bad} is {there}")
+            raise ValueError(f"a state of other windows or order: {bad} is {there}")
         _check_int("epoch", state["epoch"], 0)
         _check_int("position", state["position"], 0, self.num_samples - 1)
         self._epoch = int(state["epoch"])
@@ -836,36 +566,31 @@ class EpochSampler:
         self._latest = None
 
 
+@dataclass
+class SamplerPass:
+    """One pass over an EpochSampler, as far as it has gone."""
+
+    epoch: int
+    start: int  # where it began in the epoch's order (all ranks' items)
+    items: int  # the indices this rank's pass holds
+    handed: int = 0  # how many of them reached the loop
+
+
 def _ceil_div(a: int, b: int) -> int:
-    """Batches of a items, b a batch: the last one may be short."""
+    """The number of batches of b that hold a items: the last may be short."""
     return -(-a // b)
 
 
-def _distributed_world() -> tuple[int, int]:
-    """(world_size, rank) of torch.distributed; (1, 0) outside torchrun."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    launched = os.environ.get("WORLD_SIZE", "1")  # torchrun sets it
-    if launched != "1":
-        fix = "call torch.distributed.init_process_group first, or pass world_size and rank"
-        problem = f"WORLD_SIZE={launched}, but torch.distributed is not initialised"
-        raise RuntimeError(f"{problem}: {fix}")
-    return 1, 0
-
-
-# ---- Loaders ----
+# ---- The loaders ----
+# What a training loop iterates over. Every copier needs them.
 
 
 class EpochLoader:
     """(x, y) batches of an EpochSampler's passes, read by a DataLoader.
 
     It counts the batches your loop receives, so state_dict() is exact with
-    any number of workers, and a pass the loop leaves early is served again,
-    whatever the workers fetched ahead. It is not a DataLoader: Lightning and
-    accelerate rebuild those around samplers of their own (which would split
-    each rank's share again), and take any other iterable with len() as is."""
+    any number of workers. It is not a DataLoader on purpose: Lightning and
+    accelerate would rebuild a DataLoader around a sampler of their own."""
 
     def __init__(
         self,
@@ -883,7 +608,7 @@ class EpochLoader:
         self.batch_size = sampler.batch_size
         self.batch_sampler = None  # Lightning reads it, as on a DataLoader
         self._pass = _PassIndices()
-        # Workers to check descriptors for before they start (once), or None.
+        # Workers whose descriptors are checked when they start, or None.
         self._workers = (num_workers, prefetch_factor) if num_workers else None
         options = {"batch_size": None, "collate_fn": tuple, "num_workers": num_workers}
         if num_workers:  # DataLoader refuses these without workers
@@ -891,7 +616,7 @@ class EpochLoader:
         self.dataloader = DataLoader(dataset, sampler=self._pass, pin_memory=pin_memory, **options)
 
     def __len__(self) -> int:
-        """A whole epoch's batches of this rank."""
+        """A whole epoch's batches on this rank."""
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -906,11 +631,11 @@ class EpochLoader:
             yield x, y
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next batch comes from, after those your loop received (JSON)."""
+        """The sampler's state_dict(): where the next batch comes from."""
         return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue where a state_dict() of the same windows, order and seed stopped."""
+        """The sampler's load_state_dict()."""
         self.sampler.load_state_dict(state)
 
 
@@ -935,22 +660,23 @@ def make_dataloaders(
     world_size: int | None = None,
     rank: int | None = None,
 ) -> tuple[EpochLoader, EpochLoader | None]:
-    """Loaders of (x, y) batches: train (shuffled by seed, drop_last) and
-    validation (in order, every window, the first few again so that ranks
-    take as many; in mode="random", new windows each pass; or None). No workers by default: for
-    memmaps they cost more than they save. Memory is pinned where CUDA is,
-    which starts CUDA now: call torch.cuda.set_device first. Each rank of
-    torch.distributed (or world_size, rank) gets an equal share once all agree
-    on files and settings: under torchrun, Lightning or accelerate, make the
-    loaders after the process group starts."""
+    """An EpochLoader of (x, y) batches for train, and one for val (or None).
+
+    Train is shuffled, in an order that seed sets; a dataset's own seed only
+    sets where mode="random" windows start. Validation is in order. Under
+    torch.distributed each rank serves an equal share: train leaves out the
+    last few windows (remainder="drop") and validation repeats the first few
+    (remainder="pad"), as DistributedSampler's drop_last=True and False do.
+    Make the loaders after the process group starts: the ranks check that
+    they agree. Memory is pinned where CUDA is, which starts CUDA: call
+    torch.cuda.set_device first."""
     import torch
 
     val_ok = val is None or isinstance(val, NpyTokensDataset)
     if not isinstance(train, NpyTokensDataset) or not val_ok:
         found = f"{type(train).__name__} and {type(val).__name__}"
         raise TypeError(f"train and val (or None) must be NpyTokensDatasets, got {found}")
-    # Checked before the ranks compare them as JSON.
-    _check_int("batch_size", batch_size, 1)
+    _check_int("batch_size", batch_size, 1)  # before the ranks compare them
     _check_int("seed", seed, 0)
     _check_int("num_workers", num_workers, 0)
     _check_int("prefetch_factor", prefetch_factor, 1)
@@ -973,10 +699,16 @@ def make_dataloaders(
     return train_loader, EpochLoader(val, sampler, **options)
 
 
+def to_device(
+    batch: Sequence[torch.Tensor], device: str | torch.device
+) -> tuple[torch.Tensor, ...]:
+    """Move a batch's tensors to device; from pinned memory, without waiting."""
+    return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)
+
+
 def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
-    """Raise on every rank of torch.distributed unless all pass equal JSON-able
-    settings (a dataset's fingerprint(), say), naming the first rank that
-    differs and the first setting, or file, in which it differs."""
+    """Raise on every rank unless all pass equal JSON settings (a dataset's
+    fingerprint(), say), naming the first rank and setting that differ."""
     seen = _gather_digests([json.dumps(settings, sort_keys=True)], group)
     other = next((rank for rank, theirs in enumerate(seen) if theirs != seen[0]), 0)
     if not other:
@@ -993,6 +725,31 @@ def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     raise RuntimeError(f"rank {other} differs from rank 0 in {where}: {fix}")
 
 
+# ---- Helpers ----
+# Checking arguments, and talking to torch.distributed. A copier needs them.
+
+
+def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be from {low:,} to {high:,}, got {value}")
+
+
+def _distributed_world() -> tuple[int, int]:
+    """(world_size, rank) of torch.distributed; (1, 0) outside torchrun."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    launched = os.environ.get("WORLD_SIZE", "1")  # torchrun sets it
+    if launched != "1":
+        problem = f"WORLD_SIZE={launched}, but torch.distributed is not initialised"
+        fix = "call init_process_group first, or pass world_size and rank"
+        raise RuntimeError(f"{problem}: {fix}")
+    return 1, 0
+
+
 def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
     """(path, value) of each setting: a dict's keys, a list's length and items."""
     if isinstance(value, dict) and value:
@@ -1007,8 +764,7 @@ def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
 
 
 def _gather_digests(texts: list[str], group: Any) -> list[list[bytes]]:
-    """Each rank's sha256 digests of texts, gathered as fixed-size tensors, not
-    pickled. A rank with fewer pads with zeros: lists of other lengths differ."""
+    """Each rank's sha256 digests of texts, gathered as tensors, not pickled."""
     import torch
     import torch.distributed as dist
 
@@ -1026,14 +782,247 @@ def _gather_digests(texts: list[str], group: Any) -> list[list[bytes]]:
     return [[bytes(row.tolist()) for row in theirs.cpu()] for theirs in seen]
 
 
-def to_device(
-    batch: Sequence[torch.Tensor], device: str | torch.device
-) -> tuple[torch.Tensor, ...]:
-    """Move a batch's tensors to device, asynchronously from pinned memory."""
-    return tuple(t.to(device, non_blocking=t.is_pinned()) for t in batch)
+# ---- Opening token files ----
+# Each file is checked before it is mapped. Every copier needs this part.
+
+NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
+# llm.c's shards: 256 int32 words (magic, version, count, zeros), then the ids.
+LLMC_HEADER_BYTES = 256 * 4
+LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # magic: version
+LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}
+LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights, ...
+# Each open hashes a file's first and last 64 KiB, so a file swapped for one
+# of the same size (two shards, say) is caught without reading it all.
+PROBE_BYTES = 1 << 16
+# The sidecar fields write_tokens writes, and their JSON types. The reader
+# needs only format and format_version (and dtype, for raw ids).
+WRITTEN_FIELDS = {
+    "format": str,
+    "format_version": int,
+    "file": str,
+    "layout": str,
+    "dtype": str,
+    "shape": list,
+    "n_tokens": int,
+    "file_size": int,
+    "sha256": str,
+    "probe_sha256": str,
+    "max_token_id": int,
+    "tokenizer": str,
+    "n_vocab": int,
+    "eot_id": int,
+}
+JSON_TYPES = {str: "string", int: "integer", list: "array"}
+
+
+class TokenFile(NamedTuple):
+    """A token file as it was when it was checked and opened."""
+
+    path: str
+    layout: str  # "npy", "llmc" or "bin" (raw ids)
+    dtype: np.dtype
+    shape: tuple[int, ...]  # (tokens,), or (rows, tokens) for a 2-D .npy
+    offset: int  # bytes before the first id
+    identity: tuple[int, int, int, int]  # device, inode, size, mtime
+    probe: str  # sha256 of its first and last PROBE_BYTES
+    sidecar: dict[str, Any]  # {} for a file without one
+
+
+def read_sidecar(path: PathLike) -> dict[str, Any] | None:
+    """A token file's JSON sidecar (None if there is none), its fields checked."""
+    side = sidecar_path(path)
+    name = repr(str(side))
+    if not os.path.lexists(side):
+        return None
+    if not side.is_file():  # reading a FIFO would wait for a writer
+        raise TokenFileError(f"{name} is not a file: a sidecar is JSON, or absent")
+    try:
+        meta = json.loads(side.read_bytes())
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON
+        raise TokenFileError(f"{name} is not JSON ({error}); write it again") from None
+    if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
+        raise TokenFileError(f'{name} is not a sidecar: it lacks "format": "npy-tokens"')
+    version = meta.get("format_version")
+    if type(version) is int and not 1 <= version <= FORMAT_VERSION:
+        newer = f"this npy_datasets.py reads 1 to {FORMAT_VERSION}: copy a newer one"
+        raise TokenFileError(f"{name} has format_version {version!r}; {newer}")
+    # type(), not isinstance(): a JSON true is a bool, and a bool is an int.
+    present = [k for k in WRITTEN_FIELDS if k in meta or k == "format_version"]
+    bad = next((k for k in present if type(meta.get(k)) is not WRITTEN_FIELDS[k]), None)
+    if bad is not None:
+        found = f"is {meta[bad]!r:.60}, not" if bad in meta else "is missing: it needs"
+        problem = f"{bad!r} {found} a JSON {JSON_TYPES[WRITTEN_FIELDS[bad]]}"
+        fix = "write the file again (rerun the prep step, or write_tokens)"
+        raise TokenFileError(f"{name}: {problem}; {fix}")
+    return meta
+
+
+def sidecar_path(path: PathLike) -> Path:
+    """A token file's JSON sidecar: its name with '.json' added (train.npy.json)."""
+    return Path(path).with_name(Path(path).name + ".json")
+
+
+def open_tokens(
+    path: PathLike, dtype: Any = None, *, vocab_size: int | None = None, verify: bool = False
+) -> np.memmap:
+    """A token file's ids as a read-only memmap: a .npy, an llm.c shard, or
+    raw ids (of the sidecar's dtype, or dtype=)."""
+    return _memmap(_open_file(os.fspath(path), dtype, vocab_size, verify))
+
+
+def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> TokenFile:
+    """A token file, checked: its kind, sidecar, header, and first and last bytes."""
+    if vocab_size is not None:
+        _check_int("vocab_size", vocab_size, 1)
+    if type(verify) is not bool:
+        raise TypeError(f"verify must be True or False, got {verify!r}")
+    dtype = None if dtype is None else _token_dtype(dtype, "the dtype argument")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path!r} does not exist") from None
+    except OSError as error:  # no permission, a link loop, ...
+        raise TokenFileError(f"{path!r} cannot be read ({error.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):  # reading a FIFO would wait for a writer
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise TokenFileError(f"{path!r} is {kind}; expected a .npy or .bin token file")
+    if st.st_size == 0:
+        raise TokenFileError(f"{path!r} is empty (0 bytes); write it again")
+    meta = read_sidecar(path) or {}
+    if verify and "sha256" not in meta:
+        lacks = "its sidecar has no sha256" if meta else "it has no sidecar"
+        raise TokenFileError(f"{path!r}: {lacks}, whose sha256 verify=True compares")
+    with open(path, "rb") as f:  # all below reads this one open file
+        st = os.fstat(f.fileno())
+        head = f.read(PROBE_BYTES)
+        layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
+        probe = _probe(f, head, st.st_size)
+        f.seek(0)
+        digest = hashlib.file_digest(f, "sha256").hexdigest() if verify else None
+    if dtype not in (None, found):
+        raise TokenFileError(f"{path!r} holds {found.name}, not dtype={dtype.name}")
+    actual = {"layout": layout, "dtype": found.name, "shape": list(shape)}
+    actual |= {"file_size": st.st_size, "probe_sha256": probe}
+    bad = next((k for k in actual if k in meta and meta[k] != actual[k]), None)
+    if bad is not None:
+        was = f"{bad} is {meta[bad]!r:.70} there, {actual[bad]!r:.70} here"
+        raise TokenFileError(f"{path!r} was replaced or damaged since its sidecar: {was}")
+    if verify and digest != meta["sha256"]:
+        differs = "its sha256 is not its sidecar's, which verify=True compares"
+        raise TokenFileError(f"{path!r} is damaged: {differs}")
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
+    if vocab_size is not None:  # the sidecar's max_token_id, or a read of every id
+        top = meta.get("max_token_id")
+        top = int(_memmap(file).max()) if top is None else top
+        if top >= vocab_size:
+            raise TokenFileError(f"{path!r} holds ids up to {top}, past vocab_size={vocab_size}")
+    return file
+
+
+def _layout(
+    path: str, head: bytes, size: int, meta: dict[str, Any], dtype: np.dtype | None
+) -> tuple[str, np.dtype, tuple[int, ...], int]:
+    """The layout a file's first bytes show; its ids' dtype, shape and offset."""
+    magic = int.from_bytes(head[:4], "little")
+    # A sidecar's "bin" is final: raw ids may spell a magic (GPT-2's 20115,
+    # 19797, 22864 spell the .npy one).
+    raw = meta.get("layout") == "bin"
+    if not raw and (head.startswith(NPY_MAGIC) or path.endswith(".npy")):
+        return ("npy", *_npy_layout(path, head, size))
+    if not raw and magic in LLMC_OTHER_FILES:
+        raise TokenFileError(f"{path!r} is an llm.c file (magic {magic}), not a token shard")
+    if not raw and magic in LLMC_VERSIONS:  # checked as llm.c does: version, size
+        version, count = np.frombuffer(head[4:12].ljust(8, b"\0"), dtype="<i4").tolist()
+        dtype = LLMC_DTYPES[magic]
+        needed = LLMC_HEADER_BYTES + count * dtype.itemsize
+        if version != LLMC_VERSIONS[magic] or count <= 0 or needed != size:
+            found = f"version {version}, {count} tokens: {needed} bytes, not {size}"
+            raise TokenFileError(f"{path!r} is no llm.c token shard (magic {magic}, {found})")
+        return "llmc", dtype, (count,), LLMC_HEADER_BYTES
+    dtype = meta.get("dtype", dtype)  # raw ids: the sidecar's dtype, or dtype=
+    if dtype is None:
+        fix = "pass dtype=np.uint16 (nanoGPT's train.bin) or np.uint32"
+        raise TokenFileError(f"{path!r} holds raw ids and no sidecar gives their dtype: {fix}")
+    dtype = _token_dtype(dtype, repr(path))
+    if size % dtype.itemsize:
+        raise TokenFileError(f"{path!r} has {size} bytes, not a whole number of {dtype.name} ids")
+    return "bin", dtype, (size // dtype.itemsize,), 0
+
+
+def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int, ...], int]:
+    """A .npy file's dtype, shape and offset, once numpy has read its header."""
+    if not head.startswith(NPY_MAGIC):
+        found = "is cut short in" if NPY_MAGIC.startswith(head) else f"starts {head[:6]!r}, not"
+        raise TokenFileError(f"{path!r} {found} the .npy magic (raw ids go in a .bin)")
+    readers = {
+        (1, 0): np.lib.format.read_array_header_1_0,
+        (2, 0): np.lib.format.read_array_header_2_0,
+    }
+    try:  # only the bytes read already: numpy refuses a header over 10,000 bytes
+        with io.BytesIO(head) as f:
+            version = np.lib.format.read_magic(f)
+            if version not in readers:  # 3.0 only adds UTF-8 field names
+                raise ValueError(f"format version {version}; token files use 1.0 or 2.0")
+            shape, fortran, found = readers[version](f)
+            offset = f.tell()
+    except Exception as error:  # numpy raises several kinds
+        # Its first sentence only: the rest may advise allow_pickle.
+        reason = str(error).split(".\n")[0].split(". ")[0]
+        raise TokenFileError(f"{path!r} has a .npy header numpy cannot read: {reason}") from None
+    dtype = _token_dtype(found, repr(path))  # a 0-byte dtype would kill numpy
+    if (
+        not 1 <= len(shape) <= 2
+        or any(type(n) is not int for n in shape)  # numpy lets True pass as an int
+        or min(shape) < 1
+        or (fortran and len(shape) == 2 and 1 not in shape)
+    ):
+        order = "Fortran" if fortran else "C"
+        valid = "token ids are 1-D or 2-D, in C order, each dimension at least 1"
+        raise TokenFileError(f"{path!r} holds shape {shape} in {order} order: {valid}")
+    needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
+    if needed > size:
+        short = f"its header needs {needed:,} bytes, it has {size:,}"
+        raise TokenFileError(f"{path!r} is cut short: {short}")
+    return dtype, shape, offset
+
+
+def _token_dtype(dtype: Any, where: str) -> np.dtype:
+    """dtype as little-endian uint16 or uint32, the widths of token ids."""
+    try:
+        found = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise TokenFileError(f"{where}: {dtype!r} is not a dtype; use uint16 or uint32") from None
+    if found.kind != "u" or found.itemsize not in (2, 4) or found.byteorder == ">":
+        raise TokenFileError(f"{where}: dtype {found.str!r} is not uint16 or uint32, little-endian")
+    return found.newbyteorder("<")
+
+
+def _probe(f: BinaryIO, head: bytes, size: int) -> str:
+    """sha256 of a file's first and last PROBE_BYTES, no byte twice."""
+    f.seek(max(len(head), size - PROBE_BYTES))
+    return hashlib.sha256(head + f.read(PROBE_BYTES)).hexdigest()
+
+
+def _memmap(file: TokenFile) -> np.memmap:
+    """A checked file's ids, mapped read-only if the path still opens that
+    file: a file renamed over it since is refused."""
+    try:
+        with open(file.path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity:
+                return np.memmap(f, file.dtype, "r", offset=file.offset, shape=file.shape)
+    except (OSError, ValueError) as error:  # ValueError: it shrank just now
+        reason = getattr(error, "strerror", None) or error
+        problem = f"{file.path!r} cannot be mapped ({reason})"
+        if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE):
+            problem += f"; {_limit_fix(1, '')}"  # out of descriptors
+        raise TokenFileError(problem) from None
+    raise TokenFileError(f"{file.path!r} changed since it was checked: open it again")
 
 
 # ---- Writing token files ----
+# Optional: cut this part if your token files are made elsewhere.
 
 
 def write_tokens(
@@ -1047,23 +1036,22 @@ def write_tokens(
     layout: str | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
-    """Write ids below n_vocab, then their JSON sidecar (with fields); return it.
+    """Write ids, each below n_vocab, and their JSON sidecar (with **fields); return it.
 
-    ids: an array, written as it is (2-D: a row a sequence; a list of arrays of
-    one length is such an array), or an iterator of 1-D arrays, written one
-    after another as one stream. layout: "npy", "bin" (raw ids, as nanoGPT's
-    train.bin) or "llmc" (llm.c's shards); by default "bin" for a .bin path,
-    else "npy". Nothing old is replaced until all is written."""
+    ids is an array (2-D: a sequence a row), or an iterator of 1-D arrays
+    written as one stream. layout is "npy", "bin" (raw ids, as nanoGPT's
+    train.bin) or "llmc" (llm.c's shards); by default "bin" for a .bin
+    path, else "npy". Nothing old is replaced until all is written."""
     path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(f"{str(path)!r} is a folder; write_tokens needs a file path")
+        raise IsADirectoryError(f"{str(path)!r} is a folder, not a file path")
     _check_int("n_vocab", n_vocab, 1, 2**32)
     _check_int("eot_id", eot_id, 0, n_vocab - 1)
     if not isinstance(tokenizer, str) or not tokenizer:
         raise TypeError(f"tokenizer must be a name such as 'tiktoken:gpt2', got {tokenizer!r}")
     if layout is None:
         layout = "bin" if path.suffix == ".bin" else "npy"
-    if layout not in HEADERS or (path.suffix == ".npy" and layout != "npy"):
+    if layout not in ("npy", "bin", "llmc") or (path.suffix == ".npy" and layout != "npy"):
         valid = '"npy", "bin" or "llmc" ("npy" for a .npy path, as it is read)'
         raise ValueError(f"{str(path)!r}: layout={layout!r}; use {valid}; nothing written")
     if dtype is None:  # GPT-2's largest id, 50256, fits uint16
@@ -1077,8 +1065,7 @@ def write_tokens(
 
 
 def _json_fields(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
-    """The caller's sidecar fields as JSON: a numpy int becomes an int; a field
-    write_tokens sets itself, or a value JSON cannot hold, is refused."""
+    """The caller's sidecar fields as JSON (a numpy int becomes an int)."""
     taken = sorted(fields.keys() & WRITTEN_FIELDS)
     if taken:
         raise TypeError(f"{str(path)!r}: write_tokens sets {taken} itself; nothing written")
@@ -1092,8 +1079,8 @@ def _json_fields(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
 def _write_atomically(
     path: Path, ids: Any, dtype: np.dtype, n_vocab: int, layout: str, fields: dict
 ) -> dict[str, Any]:
-    """New files, renamed over the old ones once the old sidecar is deleted:
-    no sidecar ever describes another file."""
+    """Write new files, then rename them over the old ones once the old
+    sidecar is deleted, so no sidecar ever describes another file."""
     side = sidecar_path(path)
     tag = f"tmp.{os.getpid()}.{secrets.token_hex(4)}"  # .train.npy.tmp.<pid>.<hex>
     short = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # 255 bytes at most
@@ -1125,23 +1112,11 @@ def _write_atomically(
     return meta
 
 
-def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """numpy's .npy header: 128 bytes for the shape of any token array."""
-    header = io.BytesIO()
-    fields = {"descr": dtype.str, "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_1_0(header, fields)
-    return header.getvalue()
-
-
-# Each layout's header, of one length whatever the shape.
-HEADERS = {"npy": _npy_header, "bin": lambda dtype, shape: b"", "llmc": _llmc_header}
-
-
 def _write_ids(
     f: BinaryIO, path: Path, ids: Any, dtype: np.dtype, n_vocab: int, layout: str
 ) -> dict[str, Any]:
-    """Stream ids into f after a header, written again once they are counted;
-    return what the sidecar says of the file, which open_tokens compares."""
+    """Stream ids into f after a header, written again once they are counted.
+    Return what the sidecar says of the file, which open_tokens compares."""
     header = HEADERS[layout]
     one_array = isinstance(ids, (list, tuple, range)) or hasattr(ids, "__array__")
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
@@ -1178,13 +1153,13 @@ def _write_ids(
 def _checked_ids(
     path: Path, chunk: Any, dtype: np.dtype, n_vocab: int, most_dims: int
 ) -> tuple[np.ndarray, int]:
-    """chunk as C-ordered ids of dtype, and its largest id, once each is below
-    n_vocab: astype would wrap 70000 to 4464."""
+    """chunk as C-ordered ids of dtype, and its largest id, once each id is
+    checked to be below n_vocab: astype would wrap 70000 to 4464."""
     try:
         ids = np.asarray(chunk)
     except ValueError:  # a list of arrays of different lengths
         rows = "a list of arrays is written as rows, which need one length"
-        stream = "an iterator of arrays, iter(arrays), as one stream whose windows cross them"
+        stream = "iter(arrays) is written as one stream, whose windows cross them"
         raise ValueError(f"{str(path)!r}: ragged ids; {rows}; {stream}; nothing written") from None
     except TypeError:  # torch's bfloat16, which numpy lacks
         found = getattr(chunk, "dtype", type(chunk).__name__)
@@ -1198,3 +1173,27 @@ def _checked_ids(
         bad = low if low < 0 else top
         raise ValueError(f"{str(path)!r}: token id {bad} is not below n_vocab={n_vocab}")
     return np.ascontiguousarray(ids, dtype=dtype), top
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """numpy's .npy header: 128 bytes for the shape of any token array."""
+    header = io.BytesIO()
+    fields = {"descr": dtype.str, "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(header, fields)
+    return header.getvalue()
+
+
+def _llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """llm.c's shard header, as _layout reads it: magic, version, count."""
+    magic = next(m for m, d in LLMC_DTYPES.items() if d == dtype)
+    n_tokens = shape[0]
+    if n_tokens >= 2**31:  # the count is an int32
+        most = f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}"
+        raise ValueError(f"{most}; write it as several shards")
+    words = np.array([magic, LLMC_VERSIONS[magic], n_tokens], dtype="<i4")
+    return words.tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
+
+
+# Each layout's header, of one length whatever the shape: _write_ids writes
+# it first, and again once the ids are counted.
+HEADERS = {"npy": _npy_header, "bin": lambda dtype, shape: b"", "llmc": _llmc_header}

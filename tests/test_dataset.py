@@ -385,3 +385,24 @@ def test_locate_takes_a_list_as_it_takes_an_array(arange_file):
 def test_num_samples_is_checked_before_any_file_is_opened(tmp_path):
     with pytest.raises(ValueError, match="num_samples must be from 1"):
         nd.NpyTokensDataset(tmp_path / "missing.npy", 4, mode="random", num_samples=0)
+
+
+def test_locate_checks_its_epoch_and_indices_as_a_batch_does(arange_file):
+    """locate is public: it refuses what ds[epoch, indices] refuses, and reads -1 as the last."""
+    path = arange_file(100)
+    ds = nd.NpyTokensDataset(path, seq_len=10)
+    last = ds.locate(0, [len(ds) - 1])
+    assert [a.tolist() for a in ds.locate(0, [-1])] == [a.tolist() for a in last]
+    for epoch, indices, err, named in [
+        (-1, [0], ValueError, "epoch must be from 0"),
+        ("0", [0], TypeError, "epoch must be an int"),
+        (True, [0], TypeError, "epoch must be an int"),
+        (0, [len(ds)], IndexError, f"index 9 is out of range for 9 windows of {str(path)!r}"),
+        (0, [-len(ds) - 1], IndexError, "index -10 is out of range"),
+        (0, [[1, 2]], TypeError, "[[1, 2]]"),
+        (0, [1.5], TypeError, "1.5"),
+        (0, [True], TypeError, "bool"),
+    ]:
+        with pytest.raises(err) as info:
+            ds.locate(epoch, indices)
+        assert type(info.value) is err and named in str(info.value), (epoch, indices, info.value)
