@@ -982,7 +982,7 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
         raise TokenFileError(f"{path!r} holds shape {shape} in {order} order: {valid}")
     needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
     if needed > size:
-        short = f"its header needs {needed:,} bytes, it has {size:,}"
+        short = f"its header and ids need {needed:,} bytes, the file has {size:,}"
         raise TokenFileError(f"{path!r} is cut short: {short}")
     return dtype, shape, offset
 
@@ -1171,7 +1171,8 @@ def _checked_ids(
     low, top = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
     if low < 0 or top >= n_vocab:
         bad = low if low < 0 else top
-        raise ValueError(f"{str(path)!r}: token id {bad} is not below n_vocab={n_vocab}")
+        valid = f"0 to {n_vocab - 1} (n_vocab={n_vocab})"
+        raise ValueError(f"{str(path)!r}: token id {bad} is outside {valid}")
     return np.ascontiguousarray(ids, dtype=dtype), top
 
 

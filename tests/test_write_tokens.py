@@ -166,7 +166,7 @@ def bad_chunks():
         pytest.param(np.array([], dtype=np.int64), {}, ValueError, "no token ids", id="empty"),
         pytest.param(iter([]), {}, ValueError, "no token ids", id="no chunks"),
         pytest.param(np.array([1, 77]), {}, ValueError, "77", id="id past n_vocab"),
-        pytest.param(np.array([1, -1]), {}, ValueError, "-1", id="negative id"),
+        pytest.param(np.array([1, -1]), {}, ValueError, "id -1 is outside 0 to", id="negative id"),
         pytest.param(bad_chunks(), {}, ValueError, "77", id="id past n_vocab in a later chunk"),
         pytest.param(np.arange(5), {"n_docs": {1}}, TypeError, "set", id="a set field"),
         pytest.param(np.arange(5), {"loss": float("nan")}, TypeError, "JSON", id="a NaN field"),
