@@ -148,7 +148,7 @@ def train(
         for i, batch in enumerate(loader, 1):  # i: batches of this pass, what the sampler counts
             arrived = time.perf_counter()
             step += 1
-            lr = lr_at(step, steps, opt.defaults["lr"])  # the optimizer's own lr is the first
+            lr = lr_at(step, steps, opt.defaults["lr"])  # the lr opt was made with: where it starts
             loss = train_step(model, opt, batch, lr)
             yield Step(step, loss, i, arrived - start, time.perf_counter() - start)
             if step == steps:
