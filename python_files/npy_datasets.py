@@ -2,7 +2,7 @@
 
 Copy this one file into your project. It needs Python 3.11+, numpy and torch.
 
-    write_tokens("data/tinystories/train.npy", ids,  # once, any tokenizer's
+    write_tokens("data/tinystories/train.npy", ids,  # once: ids from any tokenizer
                  n_vocab=50257, tokenizer="gpt2", eot_id=50256)
     train = NpyTokensDataset("data/tinystories/train.npy", seq_len=256)  # or a glob
     val = NpyTokensDataset("data/tinystories/validation.npy", seq_len=256)
@@ -26,9 +26,21 @@ its epoch. The dataset finds where each window starts, and copies the
 batch out at once. The loader counts the batches your loop receives, so
 its state resumes a run exactly, with any number of ranks or workers.
 
-The file reads top-down: the dataset, the open-file budget, the sampler
-and the loaders, then the helpers they call, and the writer last. Within a
-part, what you call comes first; constants open the part that uses them.
+Terms. A token file holds token ids, uint16 or uint32, as a .npy file, as
+raw ids (a .bin) or as an llm.c shard (llm.c's format: a 1,024-byte header,
+then the ids). Its sidecar is the JSON file beside it (train.npy.json)
+that says what the file holds. A shard is one of several files that
+together hold a dataset. An epoch is one order of all the windows; a pass
+is one `for batch in loader` loop, which serves an epoch, or the rest of
+one after a resume or a break. torchrun starts one process a GPU: each is
+a rank, numbered 0 to world size - 1, and serves its share of each epoch.
+A probe is the sha256 of a file's first and last 64 KiB, which each open
+compares with the sidecar's to catch a replaced file without reading it.
+
+The file reads top-down: the dataset, the sampler and the loaders, the
+helpers they call, opening files, and the writer. Within a part, what you
+call comes first; constants open the part that uses them. Last comes the
+open-file budget, an appendix you may cut whole (its header says how).
 Importing it imports numpy only: a prep script can write files without torch."""
 
 from __future__ import annotations
@@ -69,7 +81,8 @@ __all__ = [
 ]
 
 # ---- The format version, and the error for a bad file ----
-# The one number you may tune, MAX_OPEN_FILES, is in the open-file budget.
+# The one number you may tune, MAX_OPEN_FILES, is in the open-file budget
+# at the end of the file.
 
 FORMAT_VERSION = 1  # of the JSON sidecar this file reads and writes
 
@@ -79,7 +92,7 @@ class TokenFileError(ValueError):
 
 
 # ---- The dataset ----
-# It turns window indices into (x, y). Every copier needs it.
+# It turns window indices into (x, y). You need it.
 
 
 class NpyTokensDataset:
@@ -302,79 +315,8 @@ def _splitmix64(x: Any) -> Any:
     return x ^ (x >> 31)
 
 
-# ---- The open-file budget (optional) ----
-# Each mapped file holds a file descriptor, and a worker needs a few a batch.
-# Under a low limit (ulimit -n) a worker loses a batch and the loader hangs;
-# this block keeps maps under the limit, or raises at once. To cut it, delete
-# it and `import errno`, set self._max_maps = 1024 in _windows, and delete
-# its calls in _memmap, EpochLoader.__iter__ and make_dataloaders.
-
-MAX_OPEN_FILES = 1024  # the most files one process keeps mapped
-# Free descriptors a DataLoader needs: 16, and 4 for each batch a worker has
-# in flight (x and y, twice). 2 workers, each 2 batches ahead, hung under 24.
-LOADER_DESCRIPTORS = 16
-BATCH_DESCRIPTORS = 4
-
-
-def _maps_this_process_may_keep() -> int:
-    """Half the descriptors free after the DataLoader's, at most MAX_OPEN_FILES.
-    A worker with fewer than LOADER_DESCRIPTORS free raises (it would hang)."""
-    from torch.utils.data import get_worker_info
-
-    limit, in_use = _descriptors()
-    if limit is None:
-        return MAX_OPEN_FILES
-    free = limit - in_use
-    if get_worker_info() is not None and free < LOADER_DESCRIPTORS:
-        fix = _limit_fix(LOADER_DESCRIPTORS, " or open fewer files after make_dataloaders")
-        few = f"{free} descriptors free, fewer than {LOADER_DESCRIPTORS}"
-        raise TokenFileError(f"a DataLoader worker has {few}; {fix}")
-    return max(1, min(MAX_OPEN_FILES, (free - LOADER_DESCRIPTORS) // 2))
-
-
-def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
-    """Raise now, naming the limit, where a low one would fail later."""
-    limit, in_use = _descriptors() if num_workers else (None, 0)
-    in_flight = num_workers * prefetch_factor  # batches workers fetch ahead
-    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * in_flight
-    if limit is not None and limit - in_use < needed:
-        fix = _limit_fix(needed, " or use num_workers=0")
-        raise ValueError(f"{num_workers} workers need {needed} free descriptors; {fix}")
-    if pin:
-        import torch
-
-        try:
-            torch.empty(1).pin_memory()
-        except RuntimeError as error:  # torch.AcceleratorError is one
-            fix = _limit_fix(LOADER_DESCRIPTORS, " or pass pin_memory=False")
-            failed = f"CUDA, which failed ({str(error).strip().splitlines()[0]})"
-            raise RuntimeError(f"pinning memory starts {failed}; {fix}") from error
-
-
-def _descriptors() -> tuple[int | None, int]:
-    """The open-file limit (None if none), and the descriptors in use."""
-    try:
-        import resource  # Unix only
-    except ImportError:
-        return None, 0
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = None if limit == resource.RLIM_INFINITY else limit
-    try:
-        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
-    except OSError:  # listing them takes a descriptor, and none is left
-        return limit, limit or 0
-
-
-def _limit_fix(needed: int, or_else: str) -> str:
-    """Advice: the descriptors in use, the limit, and a limit to raise it to."""
-    limit, in_use = _descriptors()
-    enough = max(4096, 2 * (in_use + needed))  # twice what is needed, 4096 at least
-    fix = f"raise it (ulimit -n {enough}){or_else}"
-    return f"{in_use} descriptors in use, the limit is {limit}: {fix}"
-
-
 # ---- The sampler ----
-# Each epoch's order, each rank's share, and resuming. Every copier needs it.
+# Each epoch's order, each rank's share, and resuming. You need it.
 
 
 class EpochSampler:
@@ -582,7 +524,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 # ---- The loaders ----
-# What a training loop iterates over. Every copier needs them.
+# What a training loop iterates over. You need them.
 
 
 class EpochLoader:
@@ -726,7 +668,7 @@ def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
 
 
 # ---- Helpers ----
-# Checking arguments, and talking to torch.distributed. A copier needs them.
+# Checking arguments, and talking to torch.distributed. You need them.
 
 
 def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
@@ -783,7 +725,7 @@ def _gather_digests(texts: list[str], group: Any) -> list[list[bytes]]:
 
 
 # ---- Opening token files ----
-# Each file is checked before it is mapped. Every copier needs this part.
+# Each file is checked before it is mapped. You need this part.
 
 NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 # llm.c's shards: 256 int32 words (magic, version, count, zeros), then the ids.
@@ -1198,3 +1140,76 @@ def _llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 # Each layout's header, of one length whatever the shape: _write_ids writes
 # it first, and again once the ids are counted.
 HEADERS = {"npy": _npy_header, "bin": lambda dtype, shape: b"", "llmc": _llmc_header}
+
+
+# ---- The open-file budget (optional) ----
+# An appendix: the rest of the file works without it, so you may cut it.
+# Each mapped file holds a file descriptor, and a DataLoader worker needs a
+# few for each batch. Under a low limit (ulimit -n) a worker loses a batch
+# and the loader hangs; this part keeps maps under the limit, or raises at
+# once. To cut it, delete it and `import errno`, set self._max_maps = 1024
+# in _windows, and delete its calls in _memmap, EpochLoader.__iter__ and
+# make_dataloaders.
+
+MAX_OPEN_FILES = 1024  # the most files one process keeps mapped
+# Free descriptors a DataLoader needs: 16, and 4 for each batch a worker has
+# in flight (x and y, twice). 2 workers, each 2 batches ahead, hung under 24.
+LOADER_DESCRIPTORS = 16
+BATCH_DESCRIPTORS = 4
+
+
+def _maps_this_process_may_keep() -> int:
+    """Half the descriptors free after the DataLoader's, at most MAX_OPEN_FILES.
+    A worker with fewer than LOADER_DESCRIPTORS free raises (it would hang)."""
+    from torch.utils.data import get_worker_info
+
+    limit, in_use = _descriptors()
+    if limit is None:
+        return MAX_OPEN_FILES
+    free = limit - in_use
+    if get_worker_info() is not None and free < LOADER_DESCRIPTORS:
+        fix = _limit_fix(LOADER_DESCRIPTORS, " or open fewer files after make_dataloaders")
+        few = f"{free} descriptors free, fewer than {LOADER_DESCRIPTORS}"
+        raise TokenFileError(f"a DataLoader worker has {few}; {fix}")
+    return max(1, min(MAX_OPEN_FILES, (free - LOADER_DESCRIPTORS) // 2))
+
+
+def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
+    """Raise now, naming the limit, where a low one would fail later."""
+    limit, in_use = _descriptors() if num_workers else (None, 0)
+    in_flight = num_workers * prefetch_factor  # batches workers fetch ahead
+    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * in_flight
+    if limit is not None and limit - in_use < needed:
+        fix = _limit_fix(needed, " or use num_workers=0")
+        raise ValueError(f"{num_workers} workers need {needed} free descriptors; {fix}")
+    if pin:
+        import torch
+
+        try:
+            torch.empty(1).pin_memory()
+        except RuntimeError as error:  # torch.AcceleratorError is one
+            fix = _limit_fix(LOADER_DESCRIPTORS, " or pass pin_memory=False")
+            failed = f"CUDA, which failed ({str(error).strip().splitlines()[0]})"
+            raise RuntimeError(f"pinning memory starts {failed}; {fix}") from error
+
+
+def _descriptors() -> tuple[int | None, int]:
+    """The open-file limit (None if none), and the descriptors in use."""
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return None, 0
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = None if limit == resource.RLIM_INFINITY else limit
+    try:
+        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
+    except OSError:  # listing them takes a descriptor, and none is left
+        return limit, limit or 0
+
+
+def _limit_fix(needed: int, or_else: str) -> str:
+    """Advice: the descriptors in use, the limit, and a limit to raise it to."""
+    limit, in_use = _descriptors()
+    enough = max(4096, 2 * (in_use + needed))  # twice what is needed, 4096 at least
+    fix = f"raise it (ulimit -n {enough}){or_else}"
+    return f"{in_use} descriptors in use, the limit is {limit}: {fix}"
