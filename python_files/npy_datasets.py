@@ -1156,6 +1156,9 @@ MAX_OPEN_FILES = 1024  # the most files one process keeps mapped
 # in flight (x and y, twice). 2 workers, each 2 batches ahead, hung under 24.
 LOADER_DESCRIPTORS = 16
 BATCH_DESCRIPTORS = 4
+# CUDA opens its device files as it starts: on a one-GPU machine it failed
+# with 40 allowed. With fewer than 64 free, a failure is blamed on the limit.
+CUDA_DESCRIPTORS = 64
 
 
 def _maps_this_process_may_keep() -> int:
@@ -1169,13 +1172,15 @@ def _maps_this_process_may_keep() -> int:
     free = limit - in_use
     if get_worker_info() is not None and free < LOADER_DESCRIPTORS:
         fix = _limit_fix(LOADER_DESCRIPTORS, " or open fewer files after make_dataloaders")
-        few = f"{free} descriptors free, fewer than {LOADER_DESCRIPTORS}"
-        raise TokenFileError(f"a DataLoader worker has {few}; {fix}")
+        raise TokenFileError(
+            f"a DataLoader worker has {free} descriptors free, "
+            f"fewer than {LOADER_DESCRIPTORS}; {fix}"
+        )
     return max(1, min(MAX_OPEN_FILES, (free - LOADER_DESCRIPTORS) // 2))
 
 
 def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
-    """Raise now, naming the limit, where a low one would fail later."""
+    """Raise now, naming the fix, where workers or pinning would fail later."""
     limit, in_use = _descriptors() if num_workers else (None, 0)
     in_flight = num_workers * prefetch_factor  # batches workers fetch ahead
     needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * in_flight
@@ -1188,9 +1193,13 @@ def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
         try:
             torch.empty(1).pin_memory()
         except RuntimeError as error:  # torch.AcceleratorError is one
-            fix = _limit_fix(LOADER_DESCRIPTORS, " or pass pin_memory=False")
-            failed = f"CUDA, which failed ({str(error).strip().splitlines()[0]})"
-            raise RuntimeError(f"pinning memory starts {failed}; {fix}") from error
+            first = str(error).strip().partition("\n")[0]
+            failed = f"pinning memory starts CUDA, which failed ({first})"
+            limit, in_use = _descriptors()
+            if limit is None or limit - in_use >= CUDA_DESCRIPTORS:
+                raise RuntimeError(f"{failed}: fix CUDA, or pass pin_memory=False") from error
+            fix = _limit_fix(CUDA_DESCRIPTORS, " or pass pin_memory=False")
+            raise RuntimeError(f"{failed}; {fix}") from error
 
 
 def _descriptors() -> tuple[int | None, int]:
