@@ -149,11 +149,12 @@ class NpyTokensDataset:
         self._window_bounds = np.concatenate(([0], windows))
         self._start_bounds = np.concatenate(([0], starts))
         if self._window_bounds[-1] == 0:
-            longest = self._row_len.max()
-            need = f"{longest} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
-            raise ValueError(f"{self.paths[0]!r} and the rest hold no window: {need}")
-        total = self._window_bounds[-1] if num_samples is None else num_samples
-        self.num_samples = int(total)
+            held = "and the rest hold" if len(self.paths) > 1 else "holds"
+            raise ValueError(
+                f"{self.paths[0]!r} {held} no window: a row holds {self._row_len.max()} tokens "
+                f"at most, and seq_len={seq_len} needs {seq_len + 1}"
+            )
+        self.num_samples = int(self._window_bounds[-1] if num_samples is None else num_samples)
         self._one_flat_file = len(self.files) == 1 and len(self.files[0].shape) == 1
         # The files this process has mapped, least recently used first.
         self._maps: dict[int, np.ndarray] = {}
@@ -178,8 +179,10 @@ class NpyTokensDataset:
         first = files[0]
         other = next((f for f in files if f.dtype != first.dtype), None)
         if other is not None:
-            both = f"{other.path!r} holds {other.dtype.name}, {first.path!r} {first.dtype.name}"
-            raise TokenFileError(f"{both}: a dataset has one dtype")
+            raise TokenFileError(
+                f"{other.path!r} holds {other.dtype.name}, {first.path!r} "
+                f"{first.dtype.name}: a dataset has one dtype"
+            )
         named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
         if len(named) > 1:
             raise TokenFileError(f"a dataset needs one tokenizer; these differ: {named}")
@@ -226,8 +229,10 @@ class NpyTokensDataset:
         found = np.asarray(keys)
         bools = isinstance(keys, list) and bool in map(type, keys)  # numpy reads True as 1
         if found.ndim != 1 or (found.size and found.dtype.kind not in "iu") or bools:
-            given = f"{found.dtype} {keys!r:.80}"
-            raise TypeError(f"use ds[i] (an int) or ds[epoch, indices] (1-D ints), not {given}")
+            raise TypeError(
+                "use ds[i] (an int) or ds[epoch, indices] (1-D ints), "
+                f"not {found.dtype} {keys!r:.80}"
+            )
         n = self.num_samples
         low, high = (int(found.min()), int(found.max())) if found.size else (0, 0)
         if low < -n or high >= n:
@@ -286,9 +291,11 @@ class NpyTokensDataset:
             same = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity
         except OSError:
             same = False
-        if not same:  # reading a map of a file cut short since kills the process
-            changed = f"{file.path!r} changed since the dataset opened it"
-            raise TokenFileError(f"{changed}: open it anew")
+        if not same:  # if the file shrank, reading its map raises SIGBUS, which kills the process
+            raise TokenFileError(
+                f"{file.path!r} changed since the dataset opened it (its size, modification "
+                "time or inode is not the same): make the NpyTokensDataset again"
+            )
         if self._pid != os.getpid():  # a new process: the maps it inherited go
             self._maps = {}
             self._pid = os.getpid()
@@ -300,8 +307,7 @@ class NpyTokensDataset:
             flat = np.asarray(_memmap(file)).reshape(-1)
             step = flat.strides[0]
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)
-            strides = (step, step)
-            windows = np.lib.stride_tricks.as_strided(flat, shape, strides, writeable=False)
+            windows = np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
         self._maps[f] = windows
         return windows
 
@@ -377,8 +383,10 @@ class EpochSampler:
         if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory
             raise ValueError(f"an epoch takes 1 to 2**31 windows, not {self.num_samples:,}")
         if len(self) == 0:
-            share = f"{self._share(self.num_samples)} windows a rank: lower batch_size or ranks"
-            raise ValueError(f"batch_size={batch_size} leaves no whole batch of {share}")
+            raise ValueError(
+                f"batch_size={batch_size} leaves no whole batch of "
+                f"{self._share(self.num_samples)} windows a rank: lower batch_size or ranks"
+            )
 
     @property
     def epoch(self) -> int:
@@ -399,10 +407,12 @@ class EpochSampler:
         _check_int("epoch", epoch, 0)
         resuming = self._resumed and not self._finished()
         if resuming and epoch != self._epoch:
-            loaded = f"the loaded state continues epoch {self._epoch} at {self._start}"
-            why = "a Lightning checkpoint saved after fit(max_steps=...) counts it as done"
-            fix = f"start at sampler.epoch ({why}: save with ModelCheckpoint instead)"
-            raise ValueError(f"set_epoch({epoch}), but {loaded}: {fix}")
+            raise ValueError(
+                f"set_epoch({epoch}), but the loaded state continues epoch {self._epoch} "
+                f"at {self._start}: start your epoch loop at sampler.epoch. For example, "
+                "a Lightning checkpoint saved after fit(max_steps=...) counts that epoch "
+                "as done: save with ModelCheckpoint instead"
+            )
         self._start = self._start if resuming else 0
         self._epoch = int(epoch)
         self._resumed = resuming
@@ -445,9 +455,11 @@ class EpochSampler:
         """Begin the next pass: its record, and its batches (the caller counts)."""
         now = _distributed_world() if self._world_from_torch else None
         if now is not None and now != (self.world_size, self.rank):
-            made = f"made for rank {self.rank} of {self.world_size}, now rank {now[1]} of {now[0]}"
-            fix = "make the loaders after torch.distributed.init_process_group"
-            raise RuntimeError(f"an EpochSampler {made}: {fix}")
+            raise RuntimeError(
+                f"an EpochSampler made for rank {self.rank} of {self.world_size}, now rank "
+                f"{now[1]} of {now[0]}: make the loaders after "
+                "torch.distributed.init_process_group"
+            )
         self._resumed = self._resumed and not self._finished()
         epoch, start = self._next_pass()
         mine = self.order(epoch, start)
@@ -469,8 +481,10 @@ class EpochSampler:
             handed = _ceil_div(latest.handed, self.batch_size)
             _check_int("consumed", consumed, 0)
             if consumed > handed:
-                count = "count this pass's batches (enumerate(loader, 1)), not all steps"
-                raise ValueError(f"consumed={consumed}, but the pass handed out {handed}: {count}")
+                raise ValueError(
+                    f"consumed={consumed}, but the pass handed out {handed}: count this "
+                    "pass's batches (enumerate(loader, 1)), not all steps"
+                )
             items = min(int(consumed) * self.batch_size, latest.items)
         epoch = latest.epoch
         position = latest.start + items * self.world_size
@@ -498,8 +512,10 @@ class EpochSampler:
                 bad = f"{bad}.{inner}"
                 saved = saved.get(inner)
                 here = here.get(inner)
-            there = f"{saved!r:.120} in the state, {here!r:.120} here"
-            raise ValueError(f"a state of other windows or order: {bad} is {there}")
+            raise ValueError(
+                f"a state of other windows or order: {bad} is {saved!r:.120} in the "
+                f"state, {here!r:.120} here"
+            )
         _check_int("epoch", state["epoch"], 0)
         _check_int("position", state["position"], 0, self.num_samples - 1)
         self._epoch = int(state["epoch"])
@@ -614,10 +630,11 @@ def make_dataloaders(
     torch.cuda.set_device first."""
     import torch
 
-    val_ok = val is None or isinstance(val, NpyTokensDataset)
-    if not isinstance(train, NpyTokensDataset) or not val_ok:
-        found = f"{type(train).__name__} and {type(val).__name__}"
-        raise TypeError(f"train and val (or None) must be NpyTokensDatasets, got {found}")
+    if not isinstance(train, NpyTokensDataset) or not isinstance(val, NpyTokensDataset | None):
+        raise TypeError(
+            "train and val (or None) must be NpyTokensDatasets, got "
+            f"{type(train).__name__} and {type(val).__name__}"
+        )
     _check_int("batch_size", batch_size, 1)  # before the ranks compare them
     _check_int("seed", seed, 0)
     _check_int("num_workers", num_workers, 0)
@@ -630,8 +647,7 @@ def make_dataloaders(
         verify_across_ranks({**fingerprints, "batch_size": int(batch_size), "seed": int(seed)})
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     _check_loader(num_workers, prefetch_factor, pin and torch.cuda.is_available())
-    options = {"num_workers": num_workers, "prefetch_factor": prefetch_factor}
-    options["pin_memory"] = pin
+    options = {"num_workers": num_workers, "prefetch_factor": prefetch_factor, "pin_memory": pin}
     common = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
     sampler = EpochSampler(train, shuffle=True, drop_last=True, remainder="drop", **common)
     train_loader = EpochLoader(train, sampler, **options)
@@ -662,20 +678,25 @@ def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     first = next((i for i, (a, b) in pairs if a != b), len(leaves))
     where, value = leaves[first] if first < len(leaves) else ("its settings", "")
     value = value["name"] if isinstance(value, dict) and "name" in value else value
-    where = f"{where} ({value!r:.60} on this rank)"
-    fix = "give every rank the same files and settings"
-    raise RuntimeError(f"rank {other} differs from rank 0 in {where}: {fix}")
+    raise RuntimeError(
+        f"rank {other} differs from rank 0 in {where} ({value!r:.60} on this rank): "
+        "give every rank the same files and settings"
+    )
 
 
 # ---- Helpers ----
 # Checking arguments, and talking to torch.distributed. You need them.
 
 
-def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
-    if not low <= value <= high:
+    if high is not None and not low <= value <= high:
         raise ValueError(f"{name} must be from {low:,} to {high:,}, got {value}")
+    if value < low:
+        raise ValueError(f"{name} must be at least {low:,}, got {value}")
+    if value >= 2**63:  # numpy computes with it as an int64
+        raise ValueError(f"{name} must be below 2**63, got {value}")
 
 
 def _distributed_world() -> tuple[int, int]:
@@ -686,9 +707,10 @@ def _distributed_world() -> tuple[int, int]:
         return dist.get_world_size(), dist.get_rank()
     launched = os.environ.get("WORLD_SIZE", "1")  # torchrun sets it
     if launched != "1":
-        problem = f"WORLD_SIZE={launched}, but torch.distributed is not initialised"
-        fix = "call init_process_group first, or pass world_size and rank"
-        raise RuntimeError(f"{problem}: {fix}")
+        raise RuntimeError(
+            f"WORLD_SIZE={launched}, but torch.distributed is not initialised: "
+            "call init_process_group first, or pass world_size and rank"
+        )
     return 1, 0
 
 
@@ -786,16 +808,19 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
         raise TokenFileError(f'{name} is not a sidecar: it lacks "format": "npy-tokens"')
     version = meta.get("format_version")
     if type(version) is int and not 1 <= version <= FORMAT_VERSION:
-        newer = f"this npy_datasets.py reads 1 to {FORMAT_VERSION}: copy a newer one"
-        raise TokenFileError(f"{name} has format_version {version!r}; {newer}")
+        raise TokenFileError(
+            f"{name} has format_version {version!r}; this npy_datasets.py reads 1 to "
+            f"{FORMAT_VERSION}: copy a newer one"
+        )
     # type(), not isinstance(): a JSON true is a bool, and a bool is an int.
     present = [k for k in WRITTEN_FIELDS if k in meta or k == "format_version"]
     bad = next((k for k in present if type(meta.get(k)) is not WRITTEN_FIELDS[k]), None)
     if bad is not None:
         found = f"is {meta[bad]!r:.60}, not" if bad in meta else "is missing: it needs"
-        problem = f"{bad!r} {found} a JSON {JSON_TYPES[WRITTEN_FIELDS[bad]]}"
-        fix = "write the file again (rerun the prep step, or write_tokens)"
-        raise TokenFileError(f"{name}: {problem}; {fix}")
+        raise TokenFileError(
+            f"{name}: {bad!r} {found} a JSON {JSON_TYPES[WRITTEN_FIELDS[bad]]}; write the "
+            "file again (rerun the prep step, or write_tokens)"
+        )
     return meta
 
 
@@ -847,11 +872,12 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     actual |= {"file_size": st.st_size, "probe_sha256": probe}
     bad = next((k for k in actual if k in meta and meta[k] != actual[k]), None)
     if bad is not None:
-        was = f"{bad} is {meta[bad]!r:.70} there, {actual[bad]!r:.70} here"
-        raise TokenFileError(f"{path!r} was replaced or damaged since its sidecar: {was}")
+        raise TokenFileError(
+            f"{path!r} was replaced or damaged since its sidecar: {bad} is "
+            f"{meta[bad]!r:.70} there, {actual[bad]!r:.70} here"
+        )
     if verify and digest != meta["sha256"]:
-        differs = "its sha256 is not its sidecar's, which verify=True compares"
-        raise TokenFileError(f"{path!r} is damaged: {differs}")
+        raise TokenFileError(f"{path!r} is damaged: its sha256 is not its sidecar's")
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
     if vocab_size is not None:  # the sidecar's max_token_id, or a read of every id
@@ -879,13 +905,17 @@ def _layout(
         dtype = LLMC_DTYPES[magic]
         needed = LLMC_HEADER_BYTES + count * dtype.itemsize
         if version != LLMC_VERSIONS[magic] or count <= 0 or needed != size:
-            found = f"version {version}, {count} tokens: {needed} bytes, not {size}"
-            raise TokenFileError(f"{path!r} is no llm.c token shard (magic {magic}, {found})")
+            raise TokenFileError(
+                f"{path!r} is no llm.c token shard (magic {magic}, version {version}, "
+                f"{count} tokens: {needed} bytes, not {size})"
+            )
         return "llmc", dtype, (count,), LLMC_HEADER_BYTES
     dtype = meta.get("dtype", dtype)  # raw ids: the sidecar's dtype, or dtype=
     if dtype is None:
-        fix = "pass dtype=np.uint16 (nanoGPT's train.bin) or np.uint32"
-        raise TokenFileError(f"{path!r} holds raw ids and no sidecar gives their dtype: {fix}")
+        raise TokenFileError(
+            f"{path!r} holds raw ids and no sidecar gives their dtype: pass "
+            "dtype=np.uint16 (nanoGPT's train.bin) or np.uint32"
+        )
     dtype = _token_dtype(dtype, repr(path))
     if size % dtype.itemsize:
         raise TokenFileError(f"{path!r} has {size} bytes, not a whole number of {dtype.name} ids")
@@ -920,12 +950,16 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
         or (fortran and len(shape) == 2 and 1 not in shape)
     ):
         order = "Fortran" if fortran else "C"
-        valid = "token ids are 1-D or 2-D, in C order, each dimension at least 1"
-        raise TokenFileError(f"{path!r} holds shape {shape} in {order} order: {valid}")
+        raise TokenFileError(
+            f"{path!r} holds shape {shape} in {order} order: token ids are 1-D or 2-D, "
+            "in C order, each dimension at least 1"
+        )
     needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
     if needed > size:
-        short = f"its header and ids need {needed:,} bytes, the file has {size:,}"
-        raise TokenFileError(f"{path!r} is cut short: {short}")
+        raise TokenFileError(
+            f"{path!r} is cut short: its header and ids need {needed:,} bytes, "
+            f"the file has {size:,}"
+        )
     return dtype, shape, offset
 
 
@@ -936,7 +970,11 @@ def _token_dtype(dtype: Any, where: str) -> np.dtype:
     except (TypeError, ValueError):
         raise TokenFileError(f"{where}: {dtype!r} is not a dtype; use uint16 or uint32") from None
     if found.kind != "u" or found.itemsize not in (2, 4) or found.byteorder == ">":
-        raise TokenFileError(f"{where}: dtype {found.str!r} is not uint16 or uint32, little-endian")
+        raise TokenFileError(
+            f"{where}: dtype {found.str!r} is not uint16 or uint32, little-endian: write it "
+            "with write_tokens (which picks uint16 or uint32), or save ids.astype(np.uint16) "
+            "when all are below 65,536"
+        )
     return found.newbyteorder("<")
 
 
@@ -960,7 +998,10 @@ def _memmap(file: TokenFile) -> np.memmap:
         if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE):
             problem += f"; {_limit_fix(1, '')}"  # out of descriptors
         raise TokenFileError(problem) from None
-    raise TokenFileError(f"{file.path!r} changed since it was checked: open it again")
+    raise TokenFileError(
+        f"{file.path!r} changed since it was checked (its size, modification time or "
+        "inode is not the same): open it again"
+    )
 
 
 # ---- Writing token files ----
@@ -994,16 +1035,17 @@ def write_tokens(
     if layout is None:
         layout = "bin" if path.suffix == ".bin" else "npy"
     if layout not in ("npy", "bin", "llmc") or (path.suffix == ".npy" and layout != "npy"):
-        valid = '"npy", "bin" or "llmc" ("npy" for a .npy path, as it is read)'
-        raise ValueError(f"{str(path)!r}: layout={layout!r}; use {valid}; nothing written")
+        raise ValueError(
+            f'{str(path)!r}: layout={layout!r}; use "npy", "bin" or "llmc" ("npy" for a '
+            ".npy path, as it is read); nothing written"
+        )
     if dtype is None:  # GPT-2's largest id, 50256, fits uint16
         dtype = "<u2" if n_vocab <= 2**16 else "<u4"
     dtype = _token_dtype(dtype, "the dtype argument")
     if n_vocab - 1 > np.iinfo(dtype).max:
         raise ValueError(f"n_vocab={n_vocab:,} has ids that {dtype.name} cannot hold")
-    fields = _json_fields(path, fields) | {"tokenizer": tokenizer}
-    fields |= {"n_vocab": int(n_vocab), "eot_id": int(eot_id)}
-    return _write_atomically(path, ids, dtype, n_vocab, layout, fields)
+    mine = {"tokenizer": tokenizer, "n_vocab": int(n_vocab), "eot_id": int(eot_id)}
+    return _write_atomically(path, ids, dtype, n_vocab, layout, _json_fields(path, fields) | mine)
 
 
 def _json_fields(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
@@ -1045,6 +1087,10 @@ def _write_atomically(
             finally:
                 os.close(folder)
     except OSError as error:  # name the file being written, not a temporary one
+        if not path.parent.exists():
+            raise FileNotFoundError(
+                f"{str(path)!r}: the folder {str(path.parent)!r} does not exist; make it first"
+            ) from None
         if error.filename in (None, str(tmp), str(side_tmp)):
             raise OSError(error.errno, f"{error.strerror} while writing", str(path)) from error
         raise
@@ -1100,21 +1146,26 @@ def _checked_ids(
     try:
         ids = np.asarray(chunk)
     except ValueError:  # a list of arrays of different lengths
-        rows = "a list of arrays is written as rows, which need one length"
-        stream = "iter(arrays) is written as one stream, whose windows cross them"
-        raise ValueError(f"{str(path)!r}: ragged ids; {rows}; {stream}; nothing written") from None
-    except TypeError:  # torch's bfloat16, which numpy lacks
+        raise ValueError(
+            f"{str(path)!r}: ragged ids; a list of arrays is written as rows, which need one "
+            "length; iter(arrays) is written as one stream, whose windows cross them; nothing "
+            "written"
+        ) from None
+    except TypeError as error:  # torch's bfloat16, which numpy lacks; a CUDA tensor
         found = getattr(chunk, "dtype", type(chunk).__name__)
-        raise TypeError(f"{str(path)!r}: ids must be integers, not {found}") from None
+        raise TypeError(
+            f"{str(path)!r}: ids of {found} cannot be read as a numpy array ({error}): "
+            "pass integer ids as a numpy array, or tensor.cpu()"
+        ) from None
     if not 1 <= ids.ndim <= most_dims or (ids.size and ids.dtype.kind not in "iu"):
-        found = f"{ids.dtype} {ids.shape}"
         valid = "1-D or 2-D (.npy)" if most_dims == 2 else "1-D"
-        raise TypeError(f"{str(path)!r}: ids must be {valid} integers, not {found}")
+        raise TypeError(f"{str(path)!r}: ids must be {valid} integers, not {ids.dtype} {ids.shape}")
     low, top = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
     if low < 0 or top >= n_vocab:
         bad = low if low < 0 else top
-        valid = f"0 to {n_vocab - 1} (n_vocab={n_vocab})"
-        raise ValueError(f"{str(path)!r}: token id {bad} is outside {valid}")
+        raise ValueError(
+            f"{str(path)!r}: token id {bad} is outside 0 to {n_vocab - 1} (n_vocab={n_vocab})"
+        )
     return np.ascontiguousarray(ids, dtype=dtype), top
 
 
@@ -1131,8 +1182,10 @@ def _llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     magic = next(m for m, d in LLMC_DTYPES.items() if d == dtype)
     n_tokens = shape[0]
     if n_tokens >= 2**31:  # the count is an int32
-        most = f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}"
-        raise ValueError(f"{most}; write it as several shards")
+        raise ValueError(
+            f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}; "
+            "write it as several shards"
+        )
     words = np.array([magic, LLMC_VERSIONS[magic], n_tokens], dtype="<i4")
     return words.tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
 

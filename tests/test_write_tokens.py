@@ -236,7 +236,9 @@ def test_a_missing_folder_is_named_by_the_target_path(tmp_path):
     path = tmp_path / "missing" / "t.npy"
     with pytest.raises(FileNotFoundError) as info:
         nd.write_tokens(path, np.arange(5), **WRITER)
-    assert str(path) in str(info.value) and ".tmp." not in str(info.value)
+    message = str(info.value)
+    assert str(path) in message and ".tmp." not in message
+    assert f"the folder {str(path.parent)!r} does not exist" in message, message
 
 
 def test_the_fields_write_tokens_sets_are_the_ones_it_refuses_from_the_caller(tmp_path):
@@ -286,6 +288,30 @@ def test_empty_rows_and_a_bfloat16_tensor_are_refused_naming_the_file(tmp_path, 
     assert message.startswith(repr(str(path))), message
     assert "bfloat16" in message if isinstance(ids, torch.Tensor) else "no token ids" in message
     assert saved(tmp_path) == before  # the old file and sidecar, as they were
+
+
+class CudaTensor:
+    """What write_tokens sees of an int64 tensor on a GPU: numpy cannot read it."""
+
+    dtype = "torch.int64"
+
+    def __iter__(self):
+        raise AssertionError("ids with __array__ are one array, not iterated")
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()")
+
+
+def test_ids_numpy_cannot_read_are_refused_with_numpys_reason_not_a_wrong_dtype(tmp_path):
+    """An int64 tensor on a GPU holds integers: the refusal says numpy cannot read it and why,
+    not that ids must be integers."""
+    path = tmp_path / "t.npy"
+    with pytest.raises(TypeError) as info:
+        nd.write_tokens(path, CudaTensor(), **WRITER)
+    message = str(info.value)
+    assert message.startswith(f"{str(path)!r}: ids of torch.int64 cannot be read as a numpy array")
+    assert "can't convert cuda:0" in message and "tensor.cpu()" in message, message
+    assert "must be integers" not in message and not path.exists()
 
 
 def test_a_name_of_244_utf8_bytes_is_written_and_opens(tmp_path):
