@@ -208,9 +208,8 @@ class NpyTokensDataset:
         if not isinstance(index, tuple):
             x, y = self._gather(0, self._indices([index]))
             return x[0], y[0]
-        if len(index) != 2 or not isinstance(index[1], (list, np.ndarray)):
-            use = "use ds[i] or ds[epoch, indices], indices a list or array"
-            raise TypeError(f"{use}: {index!r:.80}")
+        if len(index) != 2:
+            raise TypeError(f"use ds[i] or ds[epoch, indices], not ds[{index!r:.80}]")
         _check_int("epoch", index[0], 0)
         return self._gather(int(index[0]), self._indices(index[1]))
 
@@ -227,7 +226,7 @@ class NpyTokensDataset:
     def _indices(self, keys: list | np.ndarray) -> np.ndarray:
         """Window indices as int64, from 0 to len(self) - 1; -1 is the last."""
         found = np.asarray(keys)
-        bools = isinstance(keys, list) and bool in map(type, keys)  # numpy reads True as 1
+        bools = isinstance(keys, (list, tuple)) and bool in map(type, keys)  # numpy reads True as 1
         if found.ndim != 1 or (found.size and found.dtype.kind not in "iu") or bools:
             raise TypeError(
                 "use ds[i] (an int) or ds[epoch, indices] (1-D ints), "
@@ -366,6 +365,8 @@ class EpochSampler:
         _check_int("world_size", world_size, 1)
         _check_int("rank", rank, 0, world_size - 1)
         self.num_samples = len(data_source)
+        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory
+            raise ValueError(f"an epoch takes 1 to 2**31 windows, not {self.num_samples:,}")
         self.batch_size = int(batch_size)
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -380,8 +381,6 @@ class EpochSampler:
         self._latest: SamplerPass | None = None  # the pass that began last
         fingerprint = getattr(data_source, "fingerprint", None)
         self._fingerprint = None if fingerprint is None else fingerprint()
-        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory
-            raise ValueError(f"an epoch takes 1 to 2**31 windows, not {self.num_samples:,}")
         if len(self) == 0:
             raise ValueError(
                 f"batch_size={batch_size} leaves no whole batch of "
@@ -1087,12 +1086,10 @@ def _write_atomically(
             finally:
                 os.close(folder)
     except OSError as error:  # name the file being written, not a temporary one
-        if not path.parent.exists():
-            raise FileNotFoundError(
-                f"{str(path)!r}: the folder {str(path.parent)!r} does not exist; make it first"
-            ) from None
         if error.filename in (None, str(tmp), str(side_tmp)):
-            raise OSError(error.errno, f"{error.strerror} while writing", str(path)) from error
+            missing = f"the folder {str(path.parent)!r} does not exist"
+            why = f"{error.strerror} while writing" if path.parent.exists() else missing
+            raise OSError(error.errno, why, str(path)) from error
         raise
     finally:
         tmp.unlink(missing_ok=True)
@@ -1105,13 +1102,13 @@ def _write_ids(
 ) -> dict[str, Any]:
     """Stream ids into f after a header, written again once they are counted.
     Return what the sidecar says of the file, which open_tokens compares."""
-    header = HEADERS[layout]
+    placeholder = HEADERS[layout](dtype, (0,))  # rewritten once the ids are counted
     one_array = isinstance(ids, (list, tuple, range)) or hasattr(ids, "__array__")
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TypeError(f"{str(path)!r}: ids are an array of ints, or an iterable of them")
     chunks = [ids] if one_array else ids
     most_dims = 2 if one_array and layout == "npy" else 1  # rows: .npy only
-    f.write(header(dtype, (0,)))
+    f.write(placeholder)
     count = 0
     top = 0
     shape = (0,)
@@ -1123,8 +1120,11 @@ def _write_ids(
         shape = tokens.shape if one_array else (count,)
     if count == 0:
         raise ValueError(f"{str(path)!r}: no token ids to write; nothing written")
+    final = HEADERS[layout](dtype, shape)
+    if len(final) != len(placeholder):  # a longer one would overwrite the ids after it
+        raise ValueError(f"{str(path)!r}: shape {shape} needs a longer header; nothing written")
     f.seek(0)
-    f.write(header(dtype, shape))
+    f.write(final)
     f.flush()
     os.fsync(f.fileno())
     size = os.fstat(f.fileno()).st_size
@@ -1134,8 +1134,7 @@ def _write_ids(
     probe = _probe(f, f.read(PROBE_BYTES), size)
     about = {"format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name}
     about |= {"layout": layout, "dtype": dtype.name, "shape": list(shape), "n_tokens": count}
-    about |= {"file_size": size, "sha256": sha256, "probe_sha256": probe}
-    return about | {"max_token_id": top}
+    return about | {"file_size": size, "sha256": sha256, "probe_sha256": probe, "max_token_id": top}
 
 
 def _checked_ids(

@@ -130,7 +130,7 @@ def test_one_window_takes_an_int_of_any_integer_type_and_refuses_the_rest(arange
         (True, TypeError, "True"),  # a bool is an int to Python, never an index here
         ([1, 2], TypeError, "[1, 2]"),  # a batch needs its epoch: ds[0, [1, 2]]
         ((0, 1, 2), TypeError, "(0, 1, 2)"),
-        ((0, 1), TypeError, "(0, 1)"),  # an epoch and one int: ds[0, [1]] is the batch form
+        ((0, 1), TypeError, "(1-D ints), not int64 1"),  # ds[0, [1]] is the batch form
         ((-1, [0]), ValueError, "epoch must be at least 0, got -1"),
     ]:
         with pytest.raises(err) as info:
@@ -170,6 +170,8 @@ def test_epoch_and_indices_index_a_batch(arange_file):
     assert torch.equal(x, torch.stack([ds[2, [int(i)]][0][0] for i in indices]))
     assert torch.equal(y, torch.stack([ds[2, [int(i)]][1][0] for i in indices]))
     assert torch.equal(ds[2, indices.tolist()][0], x)  # a list is the same batch
+    assert torch.equal(ds[2, tuple(indices.tolist())][0], x)  # and so is a tuple
+    assert torch.equal(ds[2, torch.from_numpy(indices)][0], x)  # and a tensor
     assert torch.equal(x[3], ds[2, [len(ds) - 1]][0][0])  # a negative index counts from the end
     assert not torch.equal(x, ds[3, indices][0])  # another epoch, other random starts
     for bad, err in [
@@ -181,7 +183,9 @@ def test_epoch_and_indices_index_a_batch(arange_file):
         ((2, [(0, 1)]), TypeError),  # an epoch and a pair: refused, never read as epoch 0
         ((2, np.array([1.5])), TypeError),
         ((2, np.array(3)), TypeError),  # a 0-d array is not a batch
-        ((2, (1, 2)), TypeError),  # indices are a list or an array
+        ((2, (1, True)), TypeError),  # a bool among the indices, in a tuple as in a list
+        ((2, torch.tensor([True, False])), TypeError),
+        ((2, torch.zeros(2)), TypeError),  # a float tensor
     ]:
         with pytest.raises(err) as info:
             ds[bad]

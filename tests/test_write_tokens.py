@@ -314,6 +314,21 @@ def test_ids_numpy_cannot_read_are_refused_with_numpys_reason_not_a_wrong_dtype(
     assert "must be integers" not in message and not path.exists()
 
 
+def test_a_header_that_would_grow_once_the_ids_are_counted_is_refused(tmp_path, monkeypatch):
+    """The ids are written after a placeholder header, which is written again once they are
+    counted: a final header of another length would overwrite them, so the write is refused."""
+    path = tmp_path / "t.npy"
+    nd.write_tokens(path, np.arange(30) % 50, **WRITER)
+    before = saved(tmp_path)
+    npy_header = nd.HEADERS["npy"]
+    monkeypatch.setitem(
+        nd.HEADERS, "npy", lambda dtype, shape: npy_header(dtype, shape) + b" " * shape[0]
+    )
+    with pytest.raises(ValueError, match=r"shape \(5,\) needs a longer header; nothing written"):
+        nd.write_tokens(path, np.arange(5), **WRITER)
+    assert saved(tmp_path) == before
+
+
 def test_a_name_of_244_utf8_bytes_is_written_and_opens(tmp_path):
     """The filesystem takes 255 bytes a name: the hidden temporary names keep at most 200 bytes
     of it, not 200 characters (600 bytes here)."""
