@@ -15,27 +15,29 @@ Copy this one file into your project. It needs Python 3.11+, numpy and torch.
             x, y = to_device(batch, "cuda")  # int64, (32, 256): y is x shifted by one
             ...  # loss = model(x, y); save the model, optimizer and loader's state
 
+Terms. A token file holds token ids, uint16 or uint32: a .npy file, raw ids
+(a .bin, as nanoGPT writes them) or an llm.c shard (llm.c's format: a
+1,024-byte header, then the ids). Its sidecar is the JSON file beside it
+(train.npy.json) that says what it holds. A shard is one of several files
+that together hold a dataset. A window is seq_len + 1 tokens in a row: x is
+its first seq_len, y its last seq_len. An epoch is one order of all the
+windows; a pass is one `for batch in loader` loop, which serves an epoch, or
+the rest of one after a resume or a break. torchrun starts one process a
+GPU; each is a rank, numbered 0 to world_size - 1 (the number of processes),
+and serves its share of each epoch. A probe is the sha256 of a file's first
+and last 64 KiB, which each open compares with the sidecar's, so a replaced
+file is caught without reading it all.
+
 len(train_loader) is a whole epoch's batches, even in a resumed pass, so
 keep your own step count. Under torchrun, call init_process_group before
 make_dataloaders: each rank then serves its own share of every epoch.
 Lightning and accelerate take these loaders as they are.
 
-How it works. Token files are memory-mapped: only the pages a batch
-touches are read. The sampler yields batches of window indices, each with
-its epoch. The dataset finds where each window starts, and copies the
-batch out at once. The loader counts the batches your loop receives, so
-its state resumes a run exactly, with any number of ranks or workers.
-
-Terms. A token file holds token ids, uint16 or uint32, as a .npy file, as
-raw ids (a .bin) or as an llm.c shard (llm.c's format: a 1,024-byte header,
-then the ids). Its sidecar is the JSON file beside it (train.npy.json)
-that says what the file holds. A shard is one of several files that
-together hold a dataset. An epoch is one order of all the windows; a pass
-is one `for batch in loader` loop, which serves an epoch, or the rest of
-one after a resume or a break. torchrun starts one process a GPU: each is
-a rank, numbered 0 to world size - 1, and serves its share of each epoch.
-A probe is the sha256 of a file's first and last 64 KiB, which each open
-compares with the sidecar's to catch a replaced file without reading it.
+How it works. Token files are memory-mapped: only the pages a batch touches
+are read. The sampler yields batches of window indices, each with its epoch.
+The dataset finds where each window starts, and copies the batch out at
+once. The loader counts the batches your loop receives, so its state resumes
+a run exactly, with any number of ranks or workers.
 
 The file reads top-down: the dataset, the sampler and the loaders, the
 helpers they call, opening files, and the writer. Within a part, what you
@@ -98,18 +100,23 @@ class TokenFileError(ValueError):
 class NpyTokensDataset:
     """(x, y) next-token windows of token files, as int64 tensors.
 
-    x is seq_len tokens, and y is x shifted by one. ds[i] is window i, and
-    ds[epoch, indices] is a batch. path is a file, a list of files, or a
-    glob such as "data/train_*.npy". No window crosses from one file, or
-    from one row of a 2-D file, to the next.
+    Token files hold uint16 or uint32 ids. x is seq_len tokens, and y is x
+    shifted by one. ds[i] is window i, and ds[epoch, indices] is a batch. path
+    is a file, a list of files, or a glob such as "data/train_*.npy". No window
+    crosses from one file, or from one row of a 2-D file, to the next.
 
-    mode="windows" cuts the tokens into windows that do not overlap.
-    mode="random" serves num_samples windows an epoch, at random starts that
-    depend only on seed, the epoch and the index. So seed matters in that
-    mode only; the order windows are served in is set by make_dataloaders'
-    seed. A plain DataLoader(ds, batch_size=B) passes no epoch, so it gets
-    epoch 0's windows every epoch. dtype is for raw .bin files without a
-    sidecar. verify=True compares each file's sha256 with its sidecar's."""
+    mode="windows" cuts the tokens into windows one after another: no token is
+    in two windows' x, though y's last token is the next window's first x token.
+    mode="random" serves num_samples windows an epoch (by default as many as
+    mode="windows" has), at random starts that depend only on seed, the epoch
+    and the index. So seed matters in that mode only; the order windows are
+    served in is set by make_dataloaders' seed. A plain
+    DataLoader(ds, batch_size=B) passes no epoch: it gets epoch 0's windows
+    every epoch.
+
+    dtype is for raw .bin files without a sidecar. vocab_size refuses ids
+    >= vocab_size, reading the whole file once when its sidecar has no
+    max_token_id. verify=True compares each file's sha256 with its sidecar's."""
 
     def __init__(
         self,
@@ -138,7 +145,7 @@ class NpyTokensDataset:
         self.paths = [f.path for f in self.files]
         self.dtype = self.files[0].dtype
         shapes = [f.shape if len(f.shape) == 2 else (1, *f.shape) for f in self.files]
-        shapes = np.array(shapes)  # (rows, tokens a row) of each file; 1-D is one row
+        shapes = np.array(shapes)  # each file's rows and tokens a row; 1-D is one row
         self._row_len = shapes[:, 1]
         self._windows_per_row = (self._row_len - 1) // self.seq_len
         self._starts_per_row = np.maximum(self._row_len - self.seq_len, 0)
@@ -156,7 +163,7 @@ class NpyTokensDataset:
             )
         self.num_samples = int(self._window_bounds[-1] if num_samples is None else num_samples)
         self._one_flat_file = len(self.files) == 1 and len(self.files[0].shape) == 1
-        # The files this process has mapped, least recently used first.
+        # The windows of each file this process has mapped, least recently used first.
         self._maps: dict[int, np.ndarray] = {}
         self._pid = None  # the process the maps belong to
         self._max_maps = 0  # set by _windows in each process
@@ -188,7 +195,7 @@ class NpyTokensDataset:
             raise TokenFileError(f"a dataset needs one tokenizer; these differ: {named}")
         return files
 
-    def __getstate__(self) -> dict[str, Any]:  # a worker maps the files itself
+    def __getstate__(self) -> dict[str, Any]:  # pickled for a worker, which maps files anew
         return {**self.__dict__, "_maps": {}}
 
     def __len__(self) -> int:
@@ -217,8 +224,10 @@ class NpyTokensDataset:
         """A batch for DataLoader: keys are (epoch, indices), or indices of epoch 0."""
         epoch, indices = keys if isinstance(keys, tuple) and len(keys) == 2 else (0, keys)
         if self.mode == "random" and not isinstance(keys, tuple):
-            fix = "use make_dataloaders, or an EpochSampler as batch_sampler="
-            warnings.warn(f'mode="random" with no epoch: the same windows each epoch; {fix}')
+            warnings.warn(
+                'mode="random" with no epoch: the same windows each epoch; use '
+                "make_dataloaders, or an EpochSampler as batch_sampler="
+            )
         _check_int("epoch", epoch, 0)
         x, y = self._gather(int(epoch), self._indices(indices))
         return list(zip(x, y))
@@ -229,8 +238,7 @@ class NpyTokensDataset:
         bools = isinstance(keys, (list, tuple)) and bool in map(type, keys)  # numpy reads True as 1
         if found.ndim != 1 or (found.size and found.dtype.kind not in "iu") or bools:
             raise TypeError(
-                "use ds[i] (an int) or ds[epoch, indices] (1-D ints), "
-                f"not {found.dtype} {keys!r:.80}"
+                f"use ds[i] or ds[epoch, indices] (1-D ints), not {found.dtype} {keys!r:.80}"
             )
         n = self.num_samples
         low, high = (int(found.min()), int(found.max())) if found.size else (0, 0)
@@ -249,7 +257,7 @@ class NpyTokensDataset:
     def _locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """locate without its checks: the batch path, _gather, calls this."""
         indices = np.asarray(indices, dtype=np.int64)
-        if self.mode == "random":  # slot k: the k-th start over all the files
+        if self.mode == "random":  # slot k is the k-th possible start, over all files
             # Seed and epoch are hashed before the index is added: else window
             # i + 1 of epoch e would be window i of epoch e + 1.
             key = _splitmix64(_splitmix64(self.seed) + epoch)
@@ -260,7 +268,7 @@ class NpyTokensDataset:
             slots = indices
             bounds, per_row = self._window_bounds, self._windows_per_row
             stride = self.seq_len
-        if self._one_flat_file:  # no search, no division
+        if self._one_flat_file:  # one 1-D file: no search for the file, no division
             return np.zeros_like(slots), slots * stride
         files = np.searchsorted(bounds[1:], slots, side="right")
         rows, place = np.divmod(slots - bounds[files], per_row[files])
@@ -283,7 +291,7 @@ class NpyTokensDataset:
         return torch.from_numpy(x), torch.from_numpy(y)
 
     def _windows(self, f: int) -> np.ndarray:
-        """Every window of file f (row s: tokens s to s + seq_len), over its map."""
+        """Every window of file f, as the rows of a view over its map."""
         file = self.files[f]
         try:
             st = os.stat(file.path)
@@ -295,14 +303,14 @@ class NpyTokensDataset:
                 f"{file.path!r} changed since the dataset opened it (its size, modification "
                 "time or inode is not the same): make the NpyTokensDataset again"
             )
-        if self._pid != os.getpid():  # a new process: the maps it inherited go
+        if self._pid != os.getpid():  # a new process (a worker): drop inherited maps
             self._maps = {}
             self._pid = os.getpid()
             self._max_maps = _maps_this_process_may_keep()
-        windows = self._maps.pop(f, None)  # put back last: in order of use
+        windows = self._maps.pop(f, None)  # re-inserted last, so the dict is in order of use
         while windows is None and len(self._maps) >= self._max_maps:
             del self._maps[next(iter(self._maps))]
-        if windows is None:  # rows that overlap, over the map: nothing copied
+        if windows is None:  # a view, no copy: row s is tokens[s : s + seq_len + 1]
             flat = np.asarray(_memmap(file)).reshape(-1)
             step = flat.strides[0]
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)
@@ -336,8 +344,10 @@ class EpochSampler:
 
     Each iteration is a pass. After a pass that served all its batches comes
     the next epoch; after a pass the loop left early, the same epoch again.
-    set_epoch(e) makes the next pass epoch e. After load_state_dict, the
-    next pass goes on from the saved position."""
+    set_epoch(e) makes the next pass epoch e. After load_state_dict, the next
+    pass goes on from the saved position. Under a plain
+    DataLoader(ds, batch_sampler=sampler) with workers, pass consumed= to
+    state_dict: the workers fetch batches ahead of your loop."""
 
     def __init__(
         self,
@@ -374,11 +384,14 @@ class EpochSampler:
         self.world_size = int(world_size)
         self.rank = int(rank)
         self.remainder = remainder
-        # The next pass's epoch and start, unless the latest was served whole.
+        # The pass state. _latest: the pass that began last. _epoch and _start:
+        # the next pass's epoch and its start in that epoch's order, unless
+        # _latest served all its batches (then it is the next epoch, from 0).
+        # _resumed: a state was loaded, and no pass has run to its end since.
         self._epoch = 0
         self._start = 0
-        self._resumed = False  # loaded, and no pass has run to its end since
-        self._latest: SamplerPass | None = None  # the pass that began last
+        self._resumed = False
+        self._latest: SamplerPass | None = None
         fingerprint = getattr(data_source, "fingerprint", None)
         self._fingerprint = None if fingerprint is None else fingerprint()
         if len(self) == 0:
@@ -477,12 +490,12 @@ class EpochSampler:
         latest = self._latest or SamplerPass(self._epoch, self._start, 0)
         items = latest.handed
         if consumed is not None:
-            handed = _ceil_div(latest.handed, self.batch_size)
+            batches = _ceil_div(latest.handed, self.batch_size)  # handed out so far
             _check_int("consumed", consumed, 0)
-            if consumed > handed:
+            if consumed > batches:
                 raise ValueError(
-                    f"consumed={consumed}, but the pass handed out {handed}: count this "
-                    "pass's batches (enumerate(loader, 1)), not all steps"
+                    f"consumed={consumed}, but the pass handed out {batches} batches: count "
+                    "this pass's batches (enumerate(loader, 1)), not all steps"
                 )
             items = min(int(consumed) * self.batch_size, latest.items)
         epoch = latest.epoch
@@ -506,7 +519,7 @@ class EpochSampler:
         if bad is not None:
             saved = state[bad]
             here = mine[bad]
-            if isinstance(saved, dict) and isinstance(here, dict):  # the dataset's
+            if isinstance(saved, dict) and isinstance(here, dict):  # name the field inside
                 inner = next((k for k in here if saved.get(k) != here[k]), "")
                 bad = f"{bad}.{inner}"
                 saved = saved.get(inner)
@@ -564,8 +577,12 @@ class EpochLoader:
         self.sampler = sampler
         self.batch_size = sampler.batch_size
         self.batch_sampler = None  # Lightning reads it, as on a DataLoader
+        # The DataLoader's sampler is _PassIndices: it yields the current pass's
+        # (epoch, indices) batches. batch_size=None makes the DataLoader call
+        # ds[epoch, indices] (__getitem__) once a batch, and collate_fn=tuple
+        # keeps the (x, y) pair as the dataset built it.
         self._pass = _PassIndices()
-        # Workers whose descriptors are checked when they start, or None.
+        # Kept until the first pass checks the workers' descriptors, then None.
         self._workers = (num_workers, prefetch_factor) if num_workers else None
         options = {"batch_size": None, "collate_fn": tuple, "num_workers": num_workers}
         if num_workers:  # DataLoader refuses these without workers
@@ -578,7 +595,7 @@ class EpochLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # A generator: the pass begins at the first batch, after set_epoch.
-        if self._workers is not None:  # files opened since then count too
+        if self._workers is not None:  # files opened after make_dataloaders count
             _check_loader(*self._workers, pin=False)
             self._workers = None
         current, batches = self.sampler._begin()
@@ -619,14 +636,14 @@ def make_dataloaders(
 ) -> tuple[EpochLoader, EpochLoader | None]:
     """An EpochLoader of (x, y) batches for train, and one for val (or None).
 
-    Train is shuffled, in an order that seed sets; a dataset's own seed only
-    sets where mode="random" windows start. Validation is in order. Under
+    Train is shuffled in an order that seed sets (a dataset's own seed sets
+    only where mode="random" windows start). Validation is in order; in
+    mode="random" it draws new windows each pass: for the same windows at every
+    evaluation, call val_loader.sampler.set_epoch(0) before each. Under
     torch.distributed each rank serves an equal share: train leaves out the
-    last few windows (remainder="drop") and validation repeats the first few
-    (remainder="pad"), as DistributedSampler's drop_last=True and False do.
-    Make the loaders after the process group starts: the ranks check that
-    they agree. Memory is pinned where CUDA is, which starts CUDA: call
-    torch.cuda.set_device first."""
+    last few windows, validation repeats the first few. Make the loaders after
+    the process group starts: the ranks check that they agree. Memory is pinned
+    where CUDA is, which starts CUDA: call torch.cuda.set_device first."""
     import torch
 
     if not isinstance(train, NpyTokensDataset) or not isinstance(val, NpyTokensDataset | None):
@@ -665,12 +682,14 @@ def to_device(
 
 def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     """Raise on every rank unless all pass equal JSON settings (a dataset's
-    fingerprint(), say), naming the first rank and setting that differ."""
+    fingerprint(), say), naming the first rank and setting that differ.
+    Under NCCL it gathers on the current CUDA device: call
+    torch.cuda.set_device(local_rank) first."""
     seen = _gather_digests([json.dumps(settings, sort_keys=True)], group)
     other = next((rank for rank, theirs in enumerate(seen) if theirs != seen[0]), 0)
     if not other:
         return
-    # Every rank saw it. Now one digest a setting and a file: 32 bytes each.
+    # Every rank raises. To name what differs, gather one digest for each setting and file.
     leaves = list(_leaves(settings, ""))
     seen = _gather_digests([json.dumps(leaf) for leaf in leaves], group)
     pairs = enumerate(zip(seen[0], seen[other]))
@@ -753,7 +772,7 @@ NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 LLMC_HEADER_BYTES = 256 * 4
 LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # magic: version
 LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}
-LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights, ...
+LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights and such
 # Each open hashes a file's first and last 64 KiB, so a file swapped for one
 # of the same size (two shards, say) is caught without reading it all.
 PROBE_BYTES = 1 << 16
@@ -801,7 +820,7 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
         raise TokenFileError(f"{name} is not a file: a sidecar is JSON, or absent")
     try:
         meta = json.loads(side.read_bytes())
-    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: it is not JSON
         raise TokenFileError(f"{name} is not JSON ({error}); write it again") from None
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f'{name} is not a sidecar: it lacks "format": "npy-tokens"')
@@ -858,7 +877,7 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     if verify and "sha256" not in meta:
         lacks = "its sidecar has no sha256" if meta else "it has no sidecar"
         raise TokenFileError(f"{path!r}: {lacks}, whose sha256 verify=True compares")
-    with open(path, "rb") as f:  # all below reads this one open file
+    with open(path, "rb") as f:  # everything below reads this one open file
         st = os.fstat(f.fileno())
         head = f.read(PROBE_BYTES)
         layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
@@ -879,7 +898,7 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
         raise TokenFileError(f"{path!r} is damaged: its sha256 is not its sidecar's")
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
-    if vocab_size is not None:  # the sidecar's max_token_id, or a read of every id
+    if vocab_size is not None:  # the sidecar's max_token_id, else every id, read once
         top = meta.get("max_token_id")
         top = int(_memmap(file).max()) if top is None else top
         if top >= vocab_size:
@@ -899,7 +918,7 @@ def _layout(
         return ("npy", *_npy_layout(path, head, size))
     if not raw and magic in LLMC_OTHER_FILES:
         raise TokenFileError(f"{path!r} is an llm.c file (magic {magic}), not a token shard")
-    if not raw and magic in LLMC_VERSIONS:  # checked as llm.c does: version, size
+    if not raw and magic in LLMC_VERSIONS:  # checked as llm.c checks it: version and size
         version, count = np.frombuffer(head[4:12].ljust(8, b"\0"), dtype="<i4").tolist()
         dtype = LLMC_DTYPES[magic]
         needed = LLMC_HEADER_BYTES + count * dtype.itemsize
@@ -933,7 +952,7 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
     try:  # only the bytes read already: numpy refuses a header over 10,000 bytes
         with io.BytesIO(head) as f:
             version = np.lib.format.read_magic(f)
-            if version not in readers:  # 3.0 only adds UTF-8 field names
+            if version not in readers:  # version 3.0 only adds UTF-8 field names
                 raise ValueError(f"format version {version}; token files use 1.0 or 2.0")
             shape, fortran, found = readers[version](f)
             offset = f.tell()
@@ -956,8 +975,7 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
     needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
     if needed > size:
         raise TokenFileError(
-            f"{path!r} is cut short: its header and ids need {needed:,} bytes, "
-            f"the file has {size:,}"
+            f"{path!r} is cut short: header and ids need {needed:,} bytes, the file has {size:,}"
         )
     return dtype, shape, offset
 
@@ -991,7 +1009,7 @@ def _memmap(file: TokenFile) -> np.memmap:
             st = os.fstat(f.fileno())
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity:
                 return np.memmap(f, file.dtype, "r", offset=file.offset, shape=file.shape)
-    except (OSError, ValueError) as error:  # ValueError: it shrank just now
+    except (OSError, ValueError) as error:  # ValueError: it shrank since it was checked
         reason = getattr(error, "strerror", None) or error
         problem = f"{file.path!r} cannot be mapped ({reason})"
         if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE):
@@ -1020,10 +1038,12 @@ def write_tokens(
 ) -> dict[str, Any]:
     """Write ids, each below n_vocab, and their JSON sidecar (with **fields); return it.
 
-    ids is an array (2-D: a sequence a row), or an iterator of 1-D arrays
-    written as one stream. layout is "npy", "bin" (raw ids, as nanoGPT's
-    train.bin) or "llmc" (llm.c's shards); by default "bin" for a .bin
-    path, else "npy". Nothing old is replaced until all is written."""
+    ids is an array, a list of equal-length arrays (rows of a 2-D .npy), or an
+    iterator of 1-D arrays, written as one stream. eot_id is recorded in the
+    sidecar, not inserted: put it between documents yourself, so that windows
+    can tell them apart. layout is "npy", "bin" (raw ids, as nanoGPT's
+    train.bin) or "llmc" (llm.c's shards); by default "bin" for a .bin path,
+    else "npy". Nothing old is replaced until all is written."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder, not a file path")
@@ -1066,11 +1086,11 @@ def _write_atomically(
     sidecar is deleted, so no sidecar ever describes another file."""
     side = sidecar_path(path)
     tag = f"tmp.{os.getpid()}.{secrets.token_hex(4)}"  # .train.npy.tmp.<pid>.<hex>
-    short = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # 255 bytes at most
+    short = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # a name holds 255 bytes at most
     tmp = path.with_name(f".{short}.{tag}")
     side_tmp = path.with_name(f".{short}.json.{tag}")
     try:
-        with open(tmp, "x+b") as f:  # "x": never through a link planted there
+        with open(tmp, "x+b") as f:  # "x" never writes through a link planted there
             meta = _write_ids(f, path, ids, dtype, n_vocab, layout)
         meta |= fields
         with open(side_tmp, "xb") as f:
@@ -1079,7 +1099,7 @@ def _write_atomically(
         side.unlink(missing_ok=True)
         os.replace(tmp, path)
         os.replace(side_tmp, side)
-        if os.name != "nt":  # the renames survive a power cut
+        if os.name != "nt":  # sync the folder, so the renames survive a power cut
             folder = os.open(path.parent, os.O_RDONLY)
             try:
                 os.fsync(folder)
@@ -1107,14 +1127,14 @@ def _write_ids(
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TypeError(f"{str(path)!r}: ids are an array of ints, or an iterable of them")
     chunks = [ids] if one_array else ids
-    most_dims = 2 if one_array and layout == "npy" else 1  # rows: .npy only
+    most_dims = 2 if one_array and layout == "npy" else 1  # only a .npy keeps rows
     f.write(placeholder)
     count = 0
     top = 0
     shape = (0,)
     for chunk in chunks:
         tokens, most = _checked_ids(path, chunk, dtype, n_vocab, most_dims)
-        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # bytes of any shape
+        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # the ids' bytes, any shape
         count += tokens.size
         top = max(top, most)
         shape = tokens.shape if one_array else (count,)
@@ -1151,10 +1171,9 @@ def _checked_ids(
             "written"
         ) from None
     except TypeError as error:  # torch's bfloat16, which numpy lacks; a CUDA tensor
-        found = getattr(chunk, "dtype", type(chunk).__name__)
         raise TypeError(
-            f"{str(path)!r}: ids of {found} cannot be read as a numpy array ({error}): "
-            "pass integer ids as a numpy array, or tensor.cpu()"
+            f"{str(path)!r}: ids cannot be read as a numpy array ({error}): pass integer "
+            "ids as a numpy array or a CPU tensor"
         ) from None
     if not 1 <= ids.ndim <= most_dims or (ids.size and ids.dtype.kind not in "iu"):
         valid = "1-D or 2-D (.npy)" if most_dims == 2 else "1-D"
