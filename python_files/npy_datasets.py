@@ -114,9 +114,10 @@ class NpyTokensDataset:
     DataLoader(ds, batch_size=B) passes no epoch: it gets epoch 0's windows
     every epoch.
 
-    dtype is for raw .bin files without a sidecar. vocab_size refuses ids
-    >= vocab_size, reading the whole file once when its sidecar has no
-    max_token_id. verify=True compares each file's sha256 with its sidecar's."""
+    dtype is for raw .bin files without a sidecar. vocab_size refuses a file
+    holding an id of vocab_size or more, reading it whole once if its sidecar
+    has no max_token_id. verify=True compares each file's sha256 with its
+    sidecar's."""
 
     def __init__(
         self,
