@@ -159,8 +159,8 @@ class NpyTokensDataset:
         if self._window_bounds[-1] == 0:
             held = "and the rest hold" if len(self.paths) > 1 else "holds"
             raise ValueError(
-                f"{self.paths[0]!r} {held} no window: a row holds {self._row_len.max()} tokens "
-                f"at most, and seq_len={seq_len} needs {seq_len + 1}"
+                f"{self.paths[0]!r} {held} no window: {self._row_len.max()} tokens at most "
+                f"(in a file, or a row of a 2-D file), and seq_len={seq_len} needs {seq_len + 1}"
             )
         self.num_samples = int(self._window_bounds[-1] if num_samples is None else num_samples)
         self._one_flat_file = len(self.files) == 1 and len(self.files[0].shape) == 1
@@ -751,7 +751,7 @@ def _gather_digests(texts: list[str], group: Any) -> list[list[bytes]]:
     import torch
     import torch.distributed as dist
 
-    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL: CUDA only
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL moves CUDA tensors only
     world = dist.get_world_size(group)
     count = torch.tensor([len(texts)], device=device)
     counts = [torch.empty_like(count) for _ in range(world)]
