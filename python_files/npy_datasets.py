@@ -2,7 +2,7 @@
 
 Copy this one file into your project. It needs Python 3.11+, numpy and torch.
 
-    write_tokens("data/tinystories/train.npy", ids,  # once, any tokenizer's
+    write_tokens("data/tinystories/train.npy", ids,  # once: ids from any tokenizer
                  n_vocab=50257, tokenizer="gpt2", eot_id=50256)
     train = NpyTokensDataset("data/tinystories/train.npy", seq_len=256)  # or a glob
     val = NpyTokensDataset("data/tinystories/validation.npy", seq_len=256)
@@ -15,20 +15,34 @@ Copy this one file into your project. It needs Python 3.11+, numpy and torch.
             x, y = to_device(batch, "cuda")  # int64, (32, 256): y is x shifted by one
             ...  # loss = model(x, y); save the model, optimizer and loader's state
 
+Terms. A token file holds token ids, uint16 or uint32: a .npy file, raw ids
+(a .bin, as nanoGPT writes them) or an llm.c shard (llm.c's format: a
+1,024-byte header, then the ids). Its sidecar is the JSON file beside it
+(train.npy.json) that says what it holds. A shard is one of several files
+that together hold a dataset. A window is seq_len + 1 tokens in a row: x is
+its first seq_len, y its last seq_len. An epoch is one order of all the
+windows; a pass is one `for batch in loader` loop, which serves an epoch, or
+the rest of one after a resume or a break. torchrun starts one process a
+GPU; each is a rank, numbered 0 to world_size - 1 (the number of processes),
+and serves its share of each epoch. A probe is the sha256 of a file's first
+and last 64 KiB, which each open compares with the sidecar's, so a replaced
+file is caught without reading it all.
+
 len(train_loader) is a whole epoch's batches, even in a resumed pass, so
 keep your own step count. Under torchrun, call init_process_group before
 make_dataloaders: each rank then serves its own share of every epoch.
 Lightning and accelerate take these loaders as they are.
 
-How it works. Token files are memory-mapped: only the pages a batch
-touches are read. The sampler yields batches of window indices, each with
-its epoch. The dataset finds where each window starts, and copies the
-batch out at once. The loader counts the batches your loop receives, so
-its state resumes a run exactly, with any number of ranks or workers.
+How it works. Token files are memory-mapped: only the pages a batch touches
+are read. The sampler yields batches of window indices, each with its epoch.
+The dataset finds where each window starts, and copies the batch out at
+once. The loader counts the batches your loop receives, so its state resumes
+a run exactly, with any number of ranks or workers.
 
-The file reads top-down: the dataset, the open-file budget, the sampler
-and the loaders, then the helpers they call, and the writer last. Within a
-part, what you call comes first; constants open the part that uses them.
+The file reads top-down: the dataset, the sampler and the loaders, the
+helpers they call, opening files, and the writer. Within a part, what you
+call comes first; constants open the part that uses them. Last comes the
+open-file budget, an appendix you may cut whole (its header says how).
 Importing it imports numpy only: a prep script can write files without torch."""
 
 from __future__ import annotations
@@ -69,7 +83,8 @@ __all__ = [
 ]
 
 # ---- The format version, and the error for a bad file ----
-# The one number you may tune, MAX_OPEN_FILES, is in the open-file budget.
+# The one number you may tune, MAX_OPEN_FILES, is in the open-file budget
+# at the end of the file.
 
 FORMAT_VERSION = 1  # of the JSON sidecar this file reads and writes
 
@@ -79,24 +94,30 @@ class TokenFileError(ValueError):
 
 
 # ---- The dataset ----
-# It turns window indices into (x, y). Every copier needs it.
+# It turns window indices into (x, y). You need it.
 
 
 class NpyTokensDataset:
     """(x, y) next-token windows of token files, as int64 tensors.
 
-    x is seq_len tokens, and y is x shifted by one. ds[i] is window i, and
-    ds[epoch, indices] is a batch. path is a file, a list of files, or a
-    glob such as "data/train_*.npy". No window crosses from one file, or
-    from one row of a 2-D file, to the next.
+    Token files hold uint16 or uint32 ids. x is seq_len tokens, and y is x
+    shifted by one. ds[i] is window i, and ds[epoch, indices] is a batch. path
+    is a file, a list of files, or a glob such as "data/train_*.npy". No window
+    crosses from one file, or from one row of a 2-D file, to the next.
 
-    mode="windows" cuts the tokens into windows that do not overlap.
-    mode="random" serves num_samples windows an epoch, at random starts that
-    depend only on seed, the epoch and the index. So seed matters in that
-    mode only; the order windows are served in is set by make_dataloaders'
-    seed. A plain DataLoader(ds, batch_size=B) passes no epoch, so it gets
-    epoch 0's windows every epoch. dtype is for raw .bin files without a
-    sidecar. verify=True compares each file's sha256 with its sidecar's."""
+    mode="windows" cuts the tokens into windows one after another: no token is
+    in two windows' x, though y's last token is the next window's first x token.
+    mode="random" serves num_samples windows an epoch (by default as many as
+    mode="windows" has), at random starts that depend only on seed, the epoch
+    and the index. So seed matters in that mode only; the order windows are
+    served in is set by make_dataloaders' seed. A plain
+    DataLoader(ds, batch_size=B) passes no epoch: it gets epoch 0's windows
+    every epoch.
+
+    dtype is for raw .bin files without a sidecar. vocab_size refuses a file
+    holding an id of vocab_size or more, reading it whole once if its sidecar
+    has no max_token_id. verify=True compares each file's sha256 with its
+    sidecar's."""
 
     def __init__(
         self,
@@ -125,7 +146,7 @@ class NpyTokensDataset:
         self.paths = [f.path for f in self.files]
         self.dtype = self.files[0].dtype
         shapes = [f.shape if len(f.shape) == 2 else (1, *f.shape) for f in self.files]
-        shapes = np.array(shapes)  # (rows, tokens a row) of each file; 1-D is one row
+        shapes = np.array(shapes)  # each file's rows and tokens a row; 1-D is one row
         self._row_len = shapes[:, 1]
         self._windows_per_row = (self._row_len - 1) // self.seq_len
         self._starts_per_row = np.maximum(self._row_len - self.seq_len, 0)
@@ -136,13 +157,14 @@ class NpyTokensDataset:
         self._window_bounds = np.concatenate(([0], windows))
         self._start_bounds = np.concatenate(([0], starts))
         if self._window_bounds[-1] == 0:
-            longest = self._row_len.max()
-            need = f"{longest} tokens at most, seq_len={seq_len} needs {seq_len + 1}"
-            raise ValueError(f"{self.paths[0]!r} and the rest hold no window: {need}")
-        total = self._window_bounds[-1] if num_samples is None else num_samples
-        self.num_samples = int(total)
+            held = "and the rest hold" if len(self.paths) > 1 else "holds"
+            raise ValueError(
+                f"{self.paths[0]!r} {held} no window: {self._row_len.max()} tokens at most "
+                f"(in a file, or a row of a 2-D file), and seq_len={seq_len} needs {seq_len + 1}"
+            )
+        self.num_samples = int(self._window_bounds[-1] if num_samples is None else num_samples)
         self._one_flat_file = len(self.files) == 1 and len(self.files[0].shape) == 1
-        # The files this process has mapped, least recently used first.
+        # The windows of each file this process has mapped, least recently used first.
         self._maps: dict[int, np.ndarray] = {}
         self._pid = None  # the process the maps belong to
         self._max_maps = 0  # set by _windows in each process
@@ -165,14 +187,16 @@ class NpyTokensDataset:
         first = files[0]
         other = next((f for f in files if f.dtype != first.dtype), None)
         if other is not None:
-            both = f"{other.path!r} holds {other.dtype.name}, {first.path!r} {first.dtype.name}"
-            raise TokenFileError(f"{both}: a dataset has one dtype")
+            raise TokenFileError(
+                f"{other.path!r} holds {other.dtype.name}, {first.path!r} "
+                f"{first.dtype.name}: a dataset has one dtype"
+            )
         named = {f.sidecar["tokenizer"]: f.path for f in files if "tokenizer" in f.sidecar}
         if len(named) > 1:
             raise TokenFileError(f"a dataset needs one tokenizer; these differ: {named}")
         return files
 
-    def __getstate__(self) -> dict[str, Any]:  # a worker maps the files itself
+    def __getstate__(self) -> dict[str, Any]:  # pickled for a worker, which maps files anew
         return {**self.__dict__, "_maps": {}}
 
     def __len__(self) -> int:
@@ -192,9 +216,8 @@ class NpyTokensDataset:
         if not isinstance(index, tuple):
             x, y = self._gather(0, self._indices([index]))
             return x[0], y[0]
-        if len(index) != 2 or not isinstance(index[1], (list, np.ndarray)):
-            use = "use ds[i] or ds[epoch, indices], indices a list or array"
-            raise TypeError(f"{use}: {index!r:.80}")
+        if len(index) != 2:
+            raise TypeError(f"use ds[i] or ds[epoch, indices], not ds[{index!r:.80}]")
         _check_int("epoch", index[0], 0)
         return self._gather(int(index[0]), self._indices(index[1]))
 
@@ -202,8 +225,10 @@ class NpyTokensDataset:
         """A batch for DataLoader: keys are (epoch, indices), or indices of epoch 0."""
         epoch, indices = keys if isinstance(keys, tuple) and len(keys) == 2 else (0, keys)
         if self.mode == "random" and not isinstance(keys, tuple):
-            fix = "use make_dataloaders, or an EpochSampler as batch_sampler="
-            warnings.warn(f'mode="random" with no epoch: the same windows each epoch; {fix}')
+            warnings.warn(
+                'mode="random" with no epoch: the same windows each epoch; use '
+                "make_dataloaders, or an EpochSampler as batch_sampler="
+            )
         _check_int("epoch", epoch, 0)
         x, y = self._gather(int(epoch), self._indices(indices))
         return list(zip(x, y))
@@ -211,10 +236,11 @@ class NpyTokensDataset:
     def _indices(self, keys: list | np.ndarray) -> np.ndarray:
         """Window indices as int64, from 0 to len(self) - 1; -1 is the last."""
         found = np.asarray(keys)
-        bools = isinstance(keys, list) and bool in map(type, keys)  # numpy reads True as 1
+        bools = isinstance(keys, (list, tuple)) and bool in map(type, keys)  # numpy reads True as 1
         if found.ndim != 1 or (found.size and found.dtype.kind not in "iu") or bools:
-            given = f"{found.dtype} {keys!r:.80}"
-            raise TypeError(f"use ds[i] (an int) or ds[epoch, indices] (1-D ints), not {given}")
+            raise TypeError(
+                f"use ds[i] or ds[epoch, indices] (1-D ints), not {found.dtype} {keys!r:.80}"
+            )
         n = self.num_samples
         low, high = (int(found.min()), int(found.max())) if found.size else (0, 0)
         if low < -n or high >= n:
@@ -232,7 +258,7 @@ class NpyTokensDataset:
     def _locate(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """locate without its checks: the batch path, _gather, calls this."""
         indices = np.asarray(indices, dtype=np.int64)
-        if self.mode == "random":  # slot k: the k-th start over all the files
+        if self.mode == "random":  # slot k is the k-th possible start, over all files
             # Seed and epoch are hashed before the index is added: else window
             # i + 1 of epoch e would be window i of epoch e + 1.
             key = _splitmix64(_splitmix64(self.seed) + epoch)
@@ -243,7 +269,7 @@ class NpyTokensDataset:
             slots = indices
             bounds, per_row = self._window_bounds, self._windows_per_row
             stride = self.seq_len
-        if self._one_flat_file:  # no search, no division
+        if self._one_flat_file:  # one 1-D file: no search for the file, no division
             return np.zeros_like(slots), slots * stride
         files = np.searchsorted(bounds[1:], slots, side="right")
         rows, place = np.divmod(slots - bounds[files], per_row[files])
@@ -266,29 +292,30 @@ class NpyTokensDataset:
         return torch.from_numpy(x), torch.from_numpy(y)
 
     def _windows(self, f: int) -> np.ndarray:
-        """Every window of file f (row s: tokens s to s + seq_len), over its map."""
+        """Every window of file f, as the rows of a view over its map."""
         file = self.files[f]
         try:
             st = os.stat(file.path)
             same = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity
         except OSError:
             same = False
-        if not same:  # reading a map of a file cut short since kills the process
-            changed = f"{file.path!r} changed since the dataset opened it"
-            raise TokenFileError(f"{changed}: open it anew")
-        if self._pid != os.getpid():  # a new process: the maps it inherited go
+        if not same:  # if the file shrank, reading its map raises SIGBUS, which kills the process
+            raise TokenFileError(
+                f"{file.path!r} changed since the dataset opened it (its size, modification "
+                "time or inode is not the same): make the NpyTokensDataset again"
+            )
+        if self._pid != os.getpid():  # a new process (a worker): drop inherited maps
             self._maps = {}
             self._pid = os.getpid()
             self._max_maps = _maps_this_process_may_keep()
-        windows = self._maps.pop(f, None)  # put back last: in order of use
+        windows = self._maps.pop(f, None)  # re-inserted last, so the dict is in order of use
         while windows is None and len(self._maps) >= self._max_maps:
             del self._maps[next(iter(self._maps))]
-        if windows is None:  # rows that overlap, over the map: nothing copied
+        if windows is None:  # a view, no copy: row s is tokens[s : s + seq_len + 1]
             flat = np.asarray(_memmap(file)).reshape(-1)
             step = flat.strides[0]
             shape = (max(len(flat) - self.seq_len, 0), self.seq_len + 1)
-            strides = (step, step)
-            windows = np.lib.stride_tricks.as_strided(flat, shape, strides, writeable=False)
+            windows = np.lib.stride_tricks.as_strided(flat, shape, (step, step), writeable=False)
         self._maps[f] = windows
         return windows
 
@@ -302,79 +329,8 @@ def _splitmix64(x: Any) -> Any:
     return x ^ (x >> 31)
 
 
-# ---- The open-file budget (optional) ----
-# Each mapped file holds a file descriptor, and a worker needs a few a batch.
-# Under a low limit (ulimit -n) a worker loses a batch and the loader hangs;
-# this block keeps maps under the limit, or raises at once. To cut it, delete
-# it and `import errno`, set self._max_maps = 1024 in _windows, and delete
-# its calls in _memmap, EpochLoader.__iter__ and make_dataloaders.
-
-MAX_OPEN_FILES = 1024  # the most files one process keeps mapped
-# Free descriptors a DataLoader needs: 16, and 4 for each batch a worker has
-# in flight (x and y, twice). 2 workers, each 2 batches ahead, hung under 24.
-LOADER_DESCRIPTORS = 16
-BATCH_DESCRIPTORS = 4
-
-
-def _maps_this_process_may_keep() -> int:
-    """Half the descriptors free after the DataLoader's, at most MAX_OPEN_FILES.
-    A worker with fewer than LOADER_DESCRIPTORS free raises (it would hang)."""
-    from torch.utils.data import get_worker_info
-
-    limit, in_use = _descriptors()
-    if limit is None:
-        return MAX_OPEN_FILES
-    free = limit - in_use
-    if get_worker_info() is not None and free < LOADER_DESCRIPTORS:
-        fix = _limit_fix(LOADER_DESCRIPTORS, " or open fewer files after make_dataloaders")
-        few = f"{free} descriptors free, fewer than {LOADER_DESCRIPTORS}"
-        raise TokenFileError(f"a DataLoader worker has {few}; {fix}")
-    return max(1, min(MAX_OPEN_FILES, (free - LOADER_DESCRIPTORS) // 2))
-
-
-def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
-    """Raise now, naming the limit, where a low one would fail later."""
-    limit, in_use = _descriptors() if num_workers else (None, 0)
-    in_flight = num_workers * prefetch_factor  # batches workers fetch ahead
-    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * in_flight
-    if limit is not None and limit - in_use < needed:
-        fix = _limit_fix(needed, " or use num_workers=0")
-        raise ValueError(f"{num_workers} workers need {needed} free descriptors; {fix}")
-    if pin:
-        import torch
-
-        try:
-            torch.empty(1).pin_memory()
-        except RuntimeError as error:  # torch.AcceleratorError is one
-            fix = _limit_fix(LOADER_DESCRIPTORS, " or pass pin_memory=False")
-            failed = f"CUDA, which failed ({str(error).strip().splitlines()[0]})"
-            raise RuntimeError(f"pinning memory starts {failed}; {fix}") from error
-
-
-def _descriptors() -> tuple[int | None, int]:
-    """The open-file limit (None if none), and the descriptors in use."""
-    try:
-        import resource  # Unix only
-    except ImportError:
-        return None, 0
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    limit = None if limit == resource.RLIM_INFINITY else limit
-    try:
-        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
-    except OSError:  # listing them takes a descriptor, and none is left
-        return limit, limit or 0
-
-
-def _limit_fix(needed: int, or_else: str) -> str:
-    """Advice: the descriptors in use, the limit, and a limit to raise it to."""
-    limit, in_use = _descriptors()
-    enough = max(4096, 2 * (in_use + needed))  # twice what is needed, 4096 at least
-    fix = f"raise it (ulimit -n {enough}){or_else}"
-    return f"{in_use} descriptors in use, the limit is {limit}: {fix}"
-
-
 # ---- The sampler ----
-# Each epoch's order, each rank's share, and resuming. Every copier needs it.
+# Each epoch's order, each rank's share, and resuming. You need it.
 
 
 class EpochSampler:
@@ -389,8 +345,10 @@ class EpochSampler:
 
     Each iteration is a pass. After a pass that served all its batches comes
     the next epoch; after a pass the loop left early, the same epoch again.
-    set_epoch(e) makes the next pass epoch e. After load_state_dict, the
-    next pass goes on from the saved position."""
+    set_epoch(e) makes the next pass epoch e. After load_state_dict, the next
+    pass goes on from the saved position. Under a plain
+    DataLoader(ds, batch_sampler=sampler) with workers, pass consumed= to
+    state_dict: the workers fetch batches ahead of your loop."""
 
     def __init__(
         self,
@@ -418,6 +376,8 @@ class EpochSampler:
         _check_int("world_size", world_size, 1)
         _check_int("rank", rank, 0, world_size - 1)
         self.num_samples = len(data_source)
+        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory
+            raise ValueError(f"an epoch takes 1 to 2**31 windows, not {self.num_samples:,}")
         self.batch_size = int(batch_size)
         self.shuffle = shuffle
         self.seed = int(seed)
@@ -425,18 +385,21 @@ class EpochSampler:
         self.world_size = int(world_size)
         self.rank = int(rank)
         self.remainder = remainder
-        # The next pass's epoch and start, unless the latest was served whole.
+        # The pass state. _latest: the pass that began last. _epoch and _start:
+        # the next pass's epoch and its start in that epoch's order, unless
+        # _latest served all its batches (then it is the next epoch, from 0).
+        # _resumed: a state was loaded, and no pass has run to its end since.
         self._epoch = 0
         self._start = 0
-        self._resumed = False  # loaded, and no pass has run to its end since
-        self._latest: SamplerPass | None = None  # the pass that began last
+        self._resumed = False
+        self._latest: SamplerPass | None = None
         fingerprint = getattr(data_source, "fingerprint", None)
         self._fingerprint = None if fingerprint is None else fingerprint()
-        if not 1 <= self.num_samples <= 2**31:  # an epoch's order is held in memory
-            raise ValueError(f"an epoch takes 1 to 2**31 windows, not {self.num_samples:,}")
         if len(self) == 0:
-            share = f"{self._share(self.num_samples)} windows a rank: lower batch_size or ranks"
-            raise ValueError(f"batch_size={batch_size} leaves no whole batch of {share}")
+            raise ValueError(
+                f"batch_size={batch_size} leaves no whole batch of "
+                f"{self._share(self.num_samples)} windows a rank: lower batch_size or ranks"
+            )
 
     @property
     def epoch(self) -> int:
@@ -457,10 +420,12 @@ class EpochSampler:
         _check_int("epoch", epoch, 0)
         resuming = self._resumed and not self._finished()
         if resuming and epoch != self._epoch:
-            loaded = f"the loaded state continues epoch {self._epoch} at {self._start}"
-            why = "a Lightning checkpoint saved after fit(max_steps=...) counts it as done"
-            fix = f"start at sampler.epoch ({why}: save with ModelCheckpoint instead)"
-            raise ValueError(f"set_epoch({epoch}), but {loaded}: {fix}")
+            raise ValueError(
+                f"set_epoch({epoch}), but the loaded state continues epoch {self._epoch} "
+                f"at {self._start}: start your epoch loop at sampler.epoch. For example, "
+                "a Lightning checkpoint saved after fit(max_steps=...) counts that epoch "
+                "as done: save with ModelCheckpoint instead"
+            )
         self._start = self._start if resuming else 0
         self._epoch = int(epoch)
         self._resumed = resuming
@@ -503,9 +468,11 @@ class EpochSampler:
         """Begin the next pass: its record, and its batches (the caller counts)."""
         now = _distributed_world() if self._world_from_torch else None
         if now is not None and now != (self.world_size, self.rank):
-            made = f"made for rank {self.rank} of {self.world_size}, now rank {now[1]} of {now[0]}"
-            fix = "make the loaders after torch.distributed.init_process_group"
-            raise RuntimeError(f"an EpochSampler {made}: {fix}")
+            raise RuntimeError(
+                f"an EpochSampler made for rank {self.rank} of {self.world_size}, now rank "
+                f"{now[1]} of {now[0]}: make the loaders after "
+                "torch.distributed.init_process_group"
+            )
         self._resumed = self._resumed and not self._finished()
         epoch, start = self._next_pass()
         mine = self.order(epoch, start)
@@ -524,11 +491,13 @@ class EpochSampler:
         latest = self._latest or SamplerPass(self._epoch, self._start, 0)
         items = latest.handed
         if consumed is not None:
-            handed = _ceil_div(latest.handed, self.batch_size)
+            batches = _ceil_div(latest.handed, self.batch_size)  # handed out so far
             _check_int("consumed", consumed, 0)
-            if consumed > handed:
-                count = "count this pass's batches (enumerate(loader, 1)), not all steps"
-                raise ValueError(f"consumed={consumed}, but the pass handed out {handed}: {count}")
+            if consumed > batches:
+                raise ValueError(
+                    f"consumed={consumed}, but the pass handed out {batches} batches: count "
+                    "this pass's batches (enumerate(loader, 1)), not all steps"
+                )
             items = min(int(consumed) * self.batch_size, latest.items)
         epoch = latest.epoch
         position = latest.start + items * self.world_size
@@ -551,13 +520,15 @@ class EpochSampler:
         if bad is not None:
             saved = state[bad]
             here = mine[bad]
-            if isinstance(saved, dict) and isinstance(here, dict):  # the dataset's
+            if isinstance(saved, dict) and isinstance(here, dict):  # name the field inside
                 inner = next((k for k in here if saved.get(k) != here[k]), "")
                 bad = f"{bad}.{inner}"
                 saved = saved.get(inner)
                 here = here.get(inner)
-            there = f"{saved!r:.120} in the state, {here!r:.120} here"
-            raise ValueError(f"a state of other windows or order: {bad} is {there}")
+            raise ValueError(
+                f"a state of other windows or order: {bad} is {saved!r:.120} in the "
+                f"state, {here!r:.120} here"
+            )
         _check_int("epoch", state["epoch"], 0)
         _check_int("position", state["position"], 0, self.num_samples - 1)
         self._epoch = int(state["epoch"])
@@ -582,7 +553,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 # ---- The loaders ----
-# What a training loop iterates over. Every copier needs them.
+# What a training loop iterates over. You need them.
 
 
 class EpochLoader:
@@ -607,8 +578,12 @@ class EpochLoader:
         self.sampler = sampler
         self.batch_size = sampler.batch_size
         self.batch_sampler = None  # Lightning reads it, as on a DataLoader
+        # The DataLoader's sampler is _PassIndices: it yields the current pass's
+        # (epoch, indices) batches. batch_size=None makes the DataLoader call
+        # ds[epoch, indices] (__getitem__) once a batch, and collate_fn=tuple
+        # keeps the (x, y) pair as the dataset built it.
         self._pass = _PassIndices()
-        # Workers whose descriptors are checked when they start, or None.
+        # Kept until the first pass checks the workers' descriptors, then None.
         self._workers = (num_workers, prefetch_factor) if num_workers else None
         options = {"batch_size": None, "collate_fn": tuple, "num_workers": num_workers}
         if num_workers:  # DataLoader refuses these without workers
@@ -621,7 +596,7 @@ class EpochLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # A generator: the pass begins at the first batch, after set_epoch.
-        if self._workers is not None:  # files opened since then count too
+        if self._workers is not None:  # files opened after make_dataloaders count
             _check_loader(*self._workers, pin=False)
             self._workers = None
         current, batches = self.sampler._begin()
@@ -662,20 +637,21 @@ def make_dataloaders(
 ) -> tuple[EpochLoader, EpochLoader | None]:
     """An EpochLoader of (x, y) batches for train, and one for val (or None).
 
-    Train is shuffled, in an order that seed sets; a dataset's own seed only
-    sets where mode="random" windows start. Validation is in order. Under
+    Train is shuffled in an order that seed sets (a dataset's own seed sets
+    only where mode="random" windows start). Validation is in order; in
+    mode="random" it draws new windows each pass: for the same windows at every
+    evaluation, call val_loader.sampler.set_epoch(0) before each. Under
     torch.distributed each rank serves an equal share: train leaves out the
-    last few windows (remainder="drop") and validation repeats the first few
-    (remainder="pad"), as DistributedSampler's drop_last=True and False do.
-    Make the loaders after the process group starts: the ranks check that
-    they agree. Memory is pinned where CUDA is, which starts CUDA: call
-    torch.cuda.set_device first."""
+    last few windows, validation repeats the first few. Make the loaders after
+    the process group starts: the ranks check that they agree. Memory is pinned
+    where CUDA is, which starts CUDA: call torch.cuda.set_device first."""
     import torch
 
-    val_ok = val is None or isinstance(val, NpyTokensDataset)
-    if not isinstance(train, NpyTokensDataset) or not val_ok:
-        found = f"{type(train).__name__} and {type(val).__name__}"
-        raise TypeError(f"train and val (or None) must be NpyTokensDatasets, got {found}")
+    if not isinstance(train, NpyTokensDataset) or not isinstance(val, NpyTokensDataset | None):
+        raise TypeError(
+            "train and val (or None) must be NpyTokensDatasets, got "
+            f"{type(train).__name__} and {type(val).__name__}"
+        )
     _check_int("batch_size", batch_size, 1)  # before the ranks compare them
     _check_int("seed", seed, 0)
     _check_int("num_workers", num_workers, 0)
@@ -688,8 +664,7 @@ def make_dataloaders(
         verify_across_ranks({**fingerprints, "batch_size": int(batch_size), "seed": int(seed)})
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
     _check_loader(num_workers, prefetch_factor, pin and torch.cuda.is_available())
-    options = {"num_workers": num_workers, "prefetch_factor": prefetch_factor}
-    options["pin_memory"] = pin
+    options = {"num_workers": num_workers, "prefetch_factor": prefetch_factor, "pin_memory": pin}
     common = {"world_size": world_size, "rank": rank, "batch_size": batch_size, "seed": seed}
     sampler = EpochSampler(train, shuffle=True, drop_last=True, remainder="drop", **common)
     train_loader = EpochLoader(train, sampler, **options)
@@ -708,32 +683,39 @@ def to_device(
 
 def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     """Raise on every rank unless all pass equal JSON settings (a dataset's
-    fingerprint(), say), naming the first rank and setting that differ."""
+    fingerprint(), say), naming the first rank and setting that differ.
+    Under NCCL it gathers on the current CUDA device: call
+    torch.cuda.set_device(local_rank) first."""
     seen = _gather_digests([json.dumps(settings, sort_keys=True)], group)
     other = next((rank for rank, theirs in enumerate(seen) if theirs != seen[0]), 0)
     if not other:
         return
-    # Every rank saw it. Now one digest a setting and a file: 32 bytes each.
+    # Every rank raises. To name what differs, gather one digest for each setting and file.
     leaves = list(_leaves(settings, ""))
     seen = _gather_digests([json.dumps(leaf) for leaf in leaves], group)
     pairs = enumerate(zip(seen[0], seen[other]))
     first = next((i for i, (a, b) in pairs if a != b), len(leaves))
     where, value = leaves[first] if first < len(leaves) else ("its settings", "")
     value = value["name"] if isinstance(value, dict) and "name" in value else value
-    where = f"{where} ({value!r:.60} on this rank)"
-    fix = "give every rank the same files and settings"
-    raise RuntimeError(f"rank {other} differs from rank 0 in {where}: {fix}")
+    raise RuntimeError(
+        f"rank {other} differs from rank 0 in {where} ({value!r:.60} on this rank): "
+        "give every rank the same files and settings"
+    )
 
 
 # ---- Helpers ----
-# Checking arguments, and talking to torch.distributed. A copier needs them.
+# Checking arguments, and talking to torch.distributed. You need them.
 
 
-def _check_int(name: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
-    if not low <= value <= high:
+    if high is not None and not low <= value <= high:
         raise ValueError(f"{name} must be from {low:,} to {high:,}, got {value}")
+    if value < low:
+        raise ValueError(f"{name} must be at least {low:,}, got {value}")
+    if value >= 2**63:  # numpy computes with it as an int64
+        raise ValueError(f"{name} must be below 2**63, got {value}")
 
 
 def _distributed_world() -> tuple[int, int]:
@@ -744,9 +726,10 @@ def _distributed_world() -> tuple[int, int]:
         return dist.get_world_size(), dist.get_rank()
     launched = os.environ.get("WORLD_SIZE", "1")  # torchrun sets it
     if launched != "1":
-        problem = f"WORLD_SIZE={launched}, but torch.distributed is not initialised"
-        fix = "call init_process_group first, or pass world_size and rank"
-        raise RuntimeError(f"{problem}: {fix}")
+        raise RuntimeError(
+            f"WORLD_SIZE={launched}, but torch.distributed is not initialised: "
+            "call init_process_group first, or pass world_size and rank"
+        )
     return 1, 0
 
 
@@ -768,7 +751,7 @@ def _gather_digests(texts: list[str], group: Any) -> list[list[bytes]]:
     import torch
     import torch.distributed as dist
 
-    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL: CUDA only
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # NCCL moves CUDA tensors only
     world = dist.get_world_size(group)
     count = torch.tensor([len(texts)], device=device)
     counts = [torch.empty_like(count) for _ in range(world)]
@@ -783,14 +766,14 @@ def _gather_digests(texts: list[str], group: Any) -> list[list[bytes]]:
 
 
 # ---- Opening token files ----
-# Each file is checked before it is mapped. Every copier needs this part.
+# Each file is checked before it is mapped. You need this part.
 
 NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 # llm.c's shards: 256 int32 words (magic, version, count, zeros), then the ids.
 LLMC_HEADER_BYTES = 256 * 4
 LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # magic: version
 LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}
-LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights, ...
+LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights and such
 # Each open hashes a file's first and last 64 KiB, so a file swapped for one
 # of the same size (two shards, say) is caught without reading it all.
 PROBE_BYTES = 1 << 16
@@ -838,22 +821,25 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
         raise TokenFileError(f"{name} is not a file: a sidecar is JSON, or absent")
     try:
         meta = json.loads(side.read_bytes())
-    except (OSError, ValueError, RecursionError) as error:  # ValueError: not JSON
+    except (OSError, ValueError, RecursionError) as error:  # ValueError: it is not JSON
         raise TokenFileError(f"{name} is not JSON ({error}); write it again") from None
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f'{name} is not a sidecar: it lacks "format": "npy-tokens"')
     version = meta.get("format_version")
     if type(version) is int and not 1 <= version <= FORMAT_VERSION:
-        newer = f"this npy_datasets.py reads 1 to {FORMAT_VERSION}: copy a newer one"
-        raise TokenFileError(f"{name} has format_version {version!r}; {newer}")
+        raise TokenFileError(
+            f"{name} has format_version {version!r}; this npy_datasets.py reads 1 to "
+            f"{FORMAT_VERSION}: copy a newer one"
+        )
     # type(), not isinstance(): a JSON true is a bool, and a bool is an int.
     present = [k for k in WRITTEN_FIELDS if k in meta or k == "format_version"]
     bad = next((k for k in present if type(meta.get(k)) is not WRITTEN_FIELDS[k]), None)
     if bad is not None:
         found = f"is {meta[bad]!r:.60}, not" if bad in meta else "is missing: it needs"
-        problem = f"{bad!r} {found} a JSON {JSON_TYPES[WRITTEN_FIELDS[bad]]}"
-        fix = "write the file again (rerun the prep step, or write_tokens)"
-        raise TokenFileError(f"{name}: {problem}; {fix}")
+        raise TokenFileError(
+            f"{name}: {bad!r} {found} a JSON {JSON_TYPES[WRITTEN_FIELDS[bad]]}; write the "
+            "file again (rerun the prep step, or write_tokens)"
+        )
     return meta
 
 
@@ -892,7 +878,7 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     if verify and "sha256" not in meta:
         lacks = "its sidecar has no sha256" if meta else "it has no sidecar"
         raise TokenFileError(f"{path!r}: {lacks}, whose sha256 verify=True compares")
-    with open(path, "rb") as f:  # all below reads this one open file
+    with open(path, "rb") as f:  # everything below reads this one open file
         st = os.fstat(f.fileno())
         head = f.read(PROBE_BYTES)
         layout, found, shape, offset = _layout(path, head, st.st_size, meta, dtype)
@@ -905,14 +891,15 @@ def _open_file(path: str, dtype: Any, vocab_size: int | None, verify: bool) -> T
     actual |= {"file_size": st.st_size, "probe_sha256": probe}
     bad = next((k for k in actual if k in meta and meta[k] != actual[k]), None)
     if bad is not None:
-        was = f"{bad} is {meta[bad]!r:.70} there, {actual[bad]!r:.70} here"
-        raise TokenFileError(f"{path!r} was replaced or damaged since its sidecar: {was}")
+        raise TokenFileError(
+            f"{path!r} was replaced or damaged since its sidecar: {bad} is "
+            f"{meta[bad]!r:.70} there, {actual[bad]!r:.70} here"
+        )
     if verify and digest != meta["sha256"]:
-        differs = "its sha256 is not its sidecar's, which verify=True compares"
-        raise TokenFileError(f"{path!r} is damaged: {differs}")
+        raise TokenFileError(f"{path!r} is damaged: its sha256 is not its sidecar's")
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     file = TokenFile(path, layout, found, shape, offset, identity, probe, meta)
-    if vocab_size is not None:  # the sidecar's max_token_id, or a read of every id
+    if vocab_size is not None:  # the sidecar's max_token_id, else every id, read once
         top = meta.get("max_token_id")
         top = int(_memmap(file).max()) if top is None else top
         if top >= vocab_size:
@@ -932,18 +919,22 @@ def _layout(
         return ("npy", *_npy_layout(path, head, size))
     if not raw and magic in LLMC_OTHER_FILES:
         raise TokenFileError(f"{path!r} is an llm.c file (magic {magic}), not a token shard")
-    if not raw and magic in LLMC_VERSIONS:  # checked as llm.c does: version, size
+    if not raw and magic in LLMC_VERSIONS:  # checked as llm.c checks it: version and size
         version, count = np.frombuffer(head[4:12].ljust(8, b"\0"), dtype="<i4").tolist()
         dtype = LLMC_DTYPES[magic]
         needed = LLMC_HEADER_BYTES + count * dtype.itemsize
         if version != LLMC_VERSIONS[magic] or count <= 0 or needed != size:
-            found = f"version {version}, {count} tokens: {needed} bytes, not {size}"
-            raise TokenFileError(f"{path!r} is no llm.c token shard (magic {magic}, {found})")
+            raise TokenFileError(
+                f"{path!r} is no llm.c token shard (magic {magic}, version {version}, "
+                f"{count} tokens: {needed} bytes, not {size})"
+            )
         return "llmc", dtype, (count,), LLMC_HEADER_BYTES
     dtype = meta.get("dtype", dtype)  # raw ids: the sidecar's dtype, or dtype=
     if dtype is None:
-        fix = "pass dtype=np.uint16 (nanoGPT's train.bin) or np.uint32"
-        raise TokenFileError(f"{path!r} holds raw ids and no sidecar gives their dtype: {fix}")
+        raise TokenFileError(
+            f"{path!r} holds raw ids and no sidecar gives their dtype: pass "
+            "dtype=np.uint16 (nanoGPT's train.bin) or np.uint32"
+        )
     dtype = _token_dtype(dtype, repr(path))
     if size % dtype.itemsize:
         raise TokenFileError(f"{path!r} has {size} bytes, not a whole number of {dtype.name} ids")
@@ -962,7 +953,7 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
     try:  # only the bytes read already: numpy refuses a header over 10,000 bytes
         with io.BytesIO(head) as f:
             version = np.lib.format.read_magic(f)
-            if version not in readers:  # 3.0 only adds UTF-8 field names
+            if version not in readers:  # version 3.0 only adds UTF-8 field names
                 raise ValueError(f"format version {version}; token files use 1.0 or 2.0")
             shape, fortran, found = readers[version](f)
             offset = f.tell()
@@ -978,12 +969,15 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
         or (fortran and len(shape) == 2 and 1 not in shape)
     ):
         order = "Fortran" if fortran else "C"
-        valid = "token ids are 1-D or 2-D, in C order, each dimension at least 1"
-        raise TokenFileError(f"{path!r} holds shape {shape} in {order} order: {valid}")
+        raise TokenFileError(
+            f"{path!r} holds shape {shape} in {order} order: token ids are 1-D or 2-D, "
+            "in C order, each dimension at least 1"
+        )
     needed = offset + dtype.itemsize * int(np.prod(shape, dtype=object))
     if needed > size:
-        short = f"its header and ids need {needed:,} bytes, the file has {size:,}"
-        raise TokenFileError(f"{path!r} is cut short: {short}")
+        raise TokenFileError(
+            f"{path!r} is cut short: header and ids need {needed:,} bytes, the file has {size:,}"
+        )
     return dtype, shape, offset
 
 
@@ -994,7 +988,11 @@ def _token_dtype(dtype: Any, where: str) -> np.dtype:
     except (TypeError, ValueError):
         raise TokenFileError(f"{where}: {dtype!r} is not a dtype; use uint16 or uint32") from None
     if found.kind != "u" or found.itemsize not in (2, 4) or found.byteorder == ">":
-        raise TokenFileError(f"{where}: dtype {found.str!r} is not uint16 or uint32, little-endian")
+        raise TokenFileError(
+            f"{where}: dtype {found.str!r} is not uint16 or uint32, little-endian: write it "
+            "with write_tokens (which picks uint16 or uint32), or save ids.astype(np.uint16) "
+            "when all are below 65,536"
+        )
     return found.newbyteorder("<")
 
 
@@ -1012,13 +1010,16 @@ def _memmap(file: TokenFile) -> np.memmap:
             st = os.fstat(f.fileno())
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == file.identity:
                 return np.memmap(f, file.dtype, "r", offset=file.offset, shape=file.shape)
-    except (OSError, ValueError) as error:  # ValueError: it shrank just now
+    except (OSError, ValueError) as error:  # ValueError: it shrank since it was checked
         reason = getattr(error, "strerror", None) or error
         problem = f"{file.path!r} cannot be mapped ({reason})"
         if getattr(error, "errno", None) in (errno.EMFILE, errno.ENFILE):
             problem += f"; {_limit_fix(1, '')}"  # out of descriptors
         raise TokenFileError(problem) from None
-    raise TokenFileError(f"{file.path!r} changed since it was checked: open it again")
+    raise TokenFileError(
+        f"{file.path!r} changed since it was checked (its size, modification time or "
+        "inode is not the same): open it again"
+    )
 
 
 # ---- Writing token files ----
@@ -1038,10 +1039,12 @@ def write_tokens(
 ) -> dict[str, Any]:
     """Write ids, each below n_vocab, and their JSON sidecar (with **fields); return it.
 
-    ids is an array (2-D: a sequence a row), or an iterator of 1-D arrays
-    written as one stream. layout is "npy", "bin" (raw ids, as nanoGPT's
-    train.bin) or "llmc" (llm.c's shards); by default "bin" for a .bin
-    path, else "npy". Nothing old is replaced until all is written."""
+    ids is an array, a list of equal-length arrays (rows of a 2-D .npy), or an
+    iterator of 1-D arrays, written as one stream. eot_id is recorded in the
+    sidecar, not inserted: put it between documents yourself, so that windows
+    can tell them apart. layout is "npy", "bin" (raw ids, as nanoGPT's
+    train.bin) or "llmc" (llm.c's shards); by default "bin" for a .bin path,
+    else "npy". Nothing old is replaced until all is written."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder, not a file path")
@@ -1052,16 +1055,17 @@ def write_tokens(
     if layout is None:
         layout = "bin" if path.suffix == ".bin" else "npy"
     if layout not in ("npy", "bin", "llmc") or (path.suffix == ".npy" and layout != "npy"):
-        valid = '"npy", "bin" or "llmc" ("npy" for a .npy path, as it is read)'
-        raise ValueError(f"{str(path)!r}: layout={layout!r}; use {valid}; nothing written")
+        raise ValueError(
+            f'{str(path)!r}: layout={layout!r}; use "npy", "bin" or "llmc" ("npy" for a '
+            ".npy path, as it is read); nothing written"
+        )
     if dtype is None:  # GPT-2's largest id, 50256, fits uint16
         dtype = "<u2" if n_vocab <= 2**16 else "<u4"
     dtype = _token_dtype(dtype, "the dtype argument")
     if n_vocab - 1 > np.iinfo(dtype).max:
         raise ValueError(f"n_vocab={n_vocab:,} has ids that {dtype.name} cannot hold")
-    fields = _json_fields(path, fields) | {"tokenizer": tokenizer}
-    fields |= {"n_vocab": int(n_vocab), "eot_id": int(eot_id)}
-    return _write_atomically(path, ids, dtype, n_vocab, layout, fields)
+    mine = {"tokenizer": tokenizer, "n_vocab": int(n_vocab), "eot_id": int(eot_id)}
+    return _write_atomically(path, ids, dtype, n_vocab, layout, _json_fields(path, fields) | mine)
 
 
 def _json_fields(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
@@ -1083,11 +1087,11 @@ def _write_atomically(
     sidecar is deleted, so no sidecar ever describes another file."""
     side = sidecar_path(path)
     tag = f"tmp.{os.getpid()}.{secrets.token_hex(4)}"  # .train.npy.tmp.<pid>.<hex>
-    short = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # 255 bytes at most
+    short = os.fsencode(path.name)[:200].decode("utf-8", "ignore")  # a name holds 255 bytes at most
     tmp = path.with_name(f".{short}.{tag}")
     side_tmp = path.with_name(f".{short}.json.{tag}")
     try:
-        with open(tmp, "x+b") as f:  # "x": never through a link planted there
+        with open(tmp, "x+b") as f:  # "x" never writes through a link planted there
             meta = _write_ids(f, path, ids, dtype, n_vocab, layout)
         meta |= fields
         with open(side_tmp, "xb") as f:
@@ -1096,7 +1100,7 @@ def _write_atomically(
         side.unlink(missing_ok=True)
         os.replace(tmp, path)
         os.replace(side_tmp, side)
-        if os.name != "nt":  # the renames survive a power cut
+        if os.name != "nt":  # sync the folder, so the renames survive a power cut
             folder = os.open(path.parent, os.O_RDONLY)
             try:
                 os.fsync(folder)
@@ -1104,7 +1108,9 @@ def _write_atomically(
                 os.close(folder)
     except OSError as error:  # name the file being written, not a temporary one
         if error.filename in (None, str(tmp), str(side_tmp)):
-            raise OSError(error.errno, f"{error.strerror} while writing", str(path)) from error
+            missing = f"the folder {str(path.parent)!r} does not exist"
+            why = f"{error.strerror} while writing" if path.parent.exists() else missing
+            raise OSError(error.errno, why, str(path)) from error
         raise
     finally:
         tmp.unlink(missing_ok=True)
@@ -1117,26 +1123,29 @@ def _write_ids(
 ) -> dict[str, Any]:
     """Stream ids into f after a header, written again once they are counted.
     Return what the sidecar says of the file, which open_tokens compares."""
-    header = HEADERS[layout]
+    placeholder = HEADERS[layout](dtype, (0,))  # rewritten once the ids are counted
     one_array = isinstance(ids, (list, tuple, range)) or hasattr(ids, "__array__")
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
         raise TypeError(f"{str(path)!r}: ids are an array of ints, or an iterable of them")
     chunks = [ids] if one_array else ids
-    most_dims = 2 if one_array and layout == "npy" else 1  # rows: .npy only
-    f.write(header(dtype, (0,)))
+    most_dims = 2 if one_array and layout == "npy" else 1  # only a .npy keeps rows
+    f.write(placeholder)
     count = 0
     top = 0
     shape = (0,)
     for chunk in chunks:
         tokens, most = _checked_ids(path, chunk, dtype, n_vocab, most_dims)
-        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # bytes of any shape
+        f.write(memoryview(tokens.reshape(-1)).cast("B"))  # the ids' bytes, any shape
         count += tokens.size
         top = max(top, most)
         shape = tokens.shape if one_array else (count,)
     if count == 0:
         raise ValueError(f"{str(path)!r}: no token ids to write; nothing written")
+    final = HEADERS[layout](dtype, shape)
+    if len(final) != len(placeholder):  # a longer one would overwrite the ids after it
+        raise ValueError(f"{str(path)!r}: shape {shape} needs a longer header; nothing written")
     f.seek(0)
-    f.write(header(dtype, shape))
+    f.write(final)
     f.flush()
     os.fsync(f.fileno())
     size = os.fstat(f.fileno()).st_size
@@ -1146,8 +1155,7 @@ def _write_ids(
     probe = _probe(f, f.read(PROBE_BYTES), size)
     about = {"format": "npy-tokens", "format_version": FORMAT_VERSION, "file": path.name}
     about |= {"layout": layout, "dtype": dtype.name, "shape": list(shape), "n_tokens": count}
-    about |= {"file_size": size, "sha256": sha256, "probe_sha256": probe}
-    return about | {"max_token_id": top}
+    return about | {"file_size": size, "sha256": sha256, "probe_sha256": probe, "max_token_id": top}
 
 
 def _checked_ids(
@@ -1158,21 +1166,25 @@ def _checked_ids(
     try:
         ids = np.asarray(chunk)
     except ValueError:  # a list of arrays of different lengths
-        rows = "a list of arrays is written as rows, which need one length"
-        stream = "iter(arrays) is written as one stream, whose windows cross them"
-        raise ValueError(f"{str(path)!r}: ragged ids; {rows}; {stream}; nothing written") from None
-    except TypeError:  # torch's bfloat16, which numpy lacks
-        found = getattr(chunk, "dtype", type(chunk).__name__)
-        raise TypeError(f"{str(path)!r}: ids must be integers, not {found}") from None
+        raise ValueError(
+            f"{str(path)!r}: ragged ids; a list of arrays is written as rows, which need one "
+            "length; iter(arrays) is written as one stream, whose windows cross them; nothing "
+            "written"
+        ) from None
+    except TypeError as error:  # torch's bfloat16, which numpy lacks; a CUDA tensor
+        raise TypeError(
+            f"{str(path)!r}: ids cannot be read as a numpy array ({error}): pass integer "
+            "ids as a numpy array or a CPU tensor"
+        ) from None
     if not 1 <= ids.ndim <= most_dims or (ids.size and ids.dtype.kind not in "iu"):
-        found = f"{ids.dtype} {ids.shape}"
         valid = "1-D or 2-D (.npy)" if most_dims == 2 else "1-D"
-        raise TypeError(f"{str(path)!r}: ids must be {valid} integers, not {found}")
+        raise TypeError(f"{str(path)!r}: ids must be {valid} integers, not {ids.dtype} {ids.shape}")
     low, top = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
     if low < 0 or top >= n_vocab:
         bad = low if low < 0 else top
-        valid = f"0 to {n_vocab - 1} (n_vocab={n_vocab})"
-        raise ValueError(f"{str(path)!r}: token id {bad} is outside {valid}")
+        raise ValueError(
+            f"{str(path)!r}: token id {bad} is outside 0 to {n_vocab - 1} (n_vocab={n_vocab})"
+        )
     return np.ascontiguousarray(ids, dtype=dtype), top
 
 
@@ -1189,8 +1201,10 @@ def _llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     magic = next(m for m, d in LLMC_DTYPES.items() if d == dtype)
     n_tokens = shape[0]
     if n_tokens >= 2**31:  # the count is an int32
-        most = f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}"
-        raise ValueError(f"{most}; write it as several shards")
+        raise ValueError(
+            f"an llm.c shard holds at most {2**31 - 1:,} tokens, got {n_tokens:,}; "
+            "write it as several shards"
+        )
     words = np.array([magic, LLMC_VERSIONS[magic], n_tokens], dtype="<i4")
     return words.tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
 
@@ -1198,3 +1212,85 @@ def _llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 # Each layout's header, of one length whatever the shape: _write_ids writes
 # it first, and again once the ids are counted.
 HEADERS = {"npy": _npy_header, "bin": lambda dtype, shape: b"", "llmc": _llmc_header}
+
+
+# ---- The open-file budget (optional) ----
+# An appendix: the rest of the file works without it, so you may cut it.
+# Each mapped file holds a file descriptor, and a DataLoader worker needs a
+# few for each batch. Under a low limit (ulimit -n) a worker loses a batch
+# and the loader hangs; this part keeps maps under the limit, or raises at
+# once. To cut it, delete it and `import errno`, set self._max_maps = 1024
+# in _windows, and delete its calls in _memmap, EpochLoader.__iter__ and
+# make_dataloaders.
+
+MAX_OPEN_FILES = 1024  # the most files one process keeps mapped
+# Free descriptors a DataLoader needs: 16, and 4 for each batch a worker has
+# in flight (x and y, twice). 2 workers, each 2 batches ahead, hung under 24.
+LOADER_DESCRIPTORS = 16
+BATCH_DESCRIPTORS = 4
+# CUDA opens its device files as it starts: on a one-GPU machine it failed
+# with 40 allowed. With fewer than 64 free, a failure is blamed on the limit.
+CUDA_DESCRIPTORS = 64
+
+
+def _maps_this_process_may_keep() -> int:
+    """Half the descriptors free after the DataLoader's, at most MAX_OPEN_FILES.
+    A worker with fewer than LOADER_DESCRIPTORS free raises (it would hang)."""
+    from torch.utils.data import get_worker_info
+
+    limit, in_use = _descriptors()
+    if limit is None:
+        return MAX_OPEN_FILES
+    free = limit - in_use
+    if get_worker_info() is not None and free < LOADER_DESCRIPTORS:
+        fix = _limit_fix(LOADER_DESCRIPTORS, " or open fewer files after make_dataloaders")
+        raise TokenFileError(
+            f"a DataLoader worker has {free} descriptors free, "
+            f"fewer than {LOADER_DESCRIPTORS}; {fix}"
+        )
+    return max(1, min(MAX_OPEN_FILES, (free - LOADER_DESCRIPTORS) // 2))
+
+
+def _check_loader(num_workers: int, prefetch_factor: int, pin: bool) -> None:
+    """Raise now, naming the fix, where workers or pinning would fail later."""
+    limit, in_use = _descriptors() if num_workers else (None, 0)
+    in_flight = num_workers * prefetch_factor  # batches workers fetch ahead
+    needed = LOADER_DESCRIPTORS + BATCH_DESCRIPTORS * in_flight
+    if limit is not None and limit - in_use < needed:
+        fix = _limit_fix(needed, " or use num_workers=0")
+        raise ValueError(f"{num_workers} workers need {needed} free descriptors; {fix}")
+    if pin:
+        import torch
+
+        try:
+            torch.empty(1).pin_memory()
+        except RuntimeError as error:  # torch.AcceleratorError is one
+            first = str(error).strip().partition("\n")[0]
+            failed = f"pinning memory starts CUDA, which failed ({first})"
+            limit, in_use = _descriptors()
+            if limit is None or limit - in_use >= CUDA_DESCRIPTORS:
+                raise RuntimeError(f"{failed}: fix CUDA, or pass pin_memory=False") from error
+            fix = _limit_fix(CUDA_DESCRIPTORS, " or pass pin_memory=False")
+            raise RuntimeError(f"{failed}; {fix}") from error
+
+
+def _descriptors() -> tuple[int | None, int]:
+    """The open-file limit (None if none), and the descriptors in use."""
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return None, 0
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    limit = None if limit == resource.RLIM_INFINITY else limit
+    try:
+        return limit, len(os.listdir("/dev/fd"))  # Linux and macOS
+    except OSError:  # listing them takes a descriptor, and none is left
+        return limit, limit or 0
+
+
+def _limit_fix(needed: int, or_else: str) -> str:
+    """Advice: the descriptors in use, the limit, and a limit to raise it to."""
+    limit, in_use = _descriptors()
+    enough = max(4096, 2 * (in_use + needed))  # twice what is needed, 4096 at least
+    fix = f"raise it (ulimit -n {enough}){or_else}"
+    return f"{in_use} descriptors in use, the limit is {limit}: {fix}"

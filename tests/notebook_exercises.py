@@ -95,7 +95,9 @@ ids = np.arange(10, dtype=np.int64)  # write_tokens checks every id, then narrow
 nd.write_tokens(mine, ids, **GPT2)
 print("as uint16:", nd.open_tokens(mine).tolist())
 """,
-        r"^'data/notebook02/mine\.npy': dtype '<i8' is not uint16 or uint32, little-endian\n"
+        r"^'data/notebook02/mine\.npy': dtype '<i8' is not uint16 or uint32, little-endian: "
+        r"write it with write_tokens \(which picks uint16 or uint32\), or save "
+        r"ids\.astype\(np\.uint16\) when all are below 65,536\n"
         r"as uint16: \[0, 1, 2, 3, 4, 5, 6, 7, 8, 9\]$",
     ),
     ("write_token_files", 3): Answer(

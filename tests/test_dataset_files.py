@@ -115,7 +115,7 @@ def test_bad_file_sets_are_refused(tmp_path):
         nd.NpyTokensDataset([], SEQ)
     with pytest.raises(ValueError) as info:
         nd.NpyTokensDataset([paths[1], paths[2]], 61)  # 5 and 61 tokens: a window needs 62
-    assert repr(str(paths[1])) in str(info.value)
+    assert f"{str(paths[1])!r} and the rest hold no window" in str(info.value)
     assert "61 tokens" in str(info.value) and "needs 62" in str(info.value)
 
 
@@ -403,6 +403,8 @@ def test_file_replaced_after_open_is_refused_in_a_worker(arange_file):
     with pytest.raises(nd.TokenFileError, match="changed since the dataset opened it") as info:
         clone[0]
     assert repr(str(path)) in str(info.value)
+    judged = "(its size, modification time or inode is not the same)"
+    assert str(info.value).endswith(f"{judged}: make the NpyTokensDataset again")
 
 
 def test_a_same_size_rewrite_in_place_is_refused_by_its_mtime(arange_file):

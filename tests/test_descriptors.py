@@ -108,12 +108,10 @@ def test_workers_under_a_descriptor_budget_serve_the_epoch_or_name_the_limit(
     assert "Too many open files" not in stderr, stderr[-3000:]
 
 
-def test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out(arange_file, monkeypatch):
-    """A GPU machine with a low open-file limit: pinning starts CUDA, which fails. make_dataloaders
-    pins one element first and refuses, naming the limit, `ulimit -n` and pin_memory=False."""
-
-    resource = pytest.importorskip("resource")
-    ds = nd.NpyTokensDataset(arange_file(1000), 8)
+@pytest.fixture
+def failing_pin(monkeypatch):
+    """A GPU machine whose CUDA cannot start: the first pin_memory() raises CUDA's error. Returns
+    the shapes pinned (make_dataloaders pins one element first) and the error's text."""
     busy = "CUDA error: CUDA-capable device(s) is/are busy or unavailable"
     pinned = []
 
@@ -123,18 +121,55 @@ def test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out(arange
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    for pin in (None, True):  # None: pinned wherever CUDA is
-        with pytest.raises(RuntimeError) as info:
-            nd.make_dataloaders(ds, ds, batch_size=4, pin_memory=pin)
-        message = str(info.value)
+    return pinned, busy
+
+
+def test_pinning_that_fails_is_refused_naming_the_limit_and_both_ways_out(arange_file, failing_pin):
+    """A GPU machine with a low open-file limit: pinning starts CUDA, which fails. make_dataloaders
+    pins one element first and refuses, naming the limit, `ulimit -n` and pin_memory=False."""
+    resource = pytest.importorskip("resource")
+    ds = nd.NpyTokensDataset(arange_file(1000), 8)
+    pinned, busy = failing_pin
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/dev/fd"))
+    limit = in_use + 8  # fewer free than CUDA_DESCRIPTORS: the limit is to blame
+    assert limit - in_use < nd.CUDA_DESCRIPTORS and soft >= limit
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        messages = []
+        for pin in (None, True):  # None: pinned wherever CUDA is
+            with pytest.raises(RuntimeError) as info:
+                nd.make_dataloaders(ds, ds, batch_size=4, pin_memory=pin)
+            messages.append(str(info.value))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    for message in messages:
         assert busy in message and "ulimit -n" in message and "pin_memory=False" in message
-        if limit != resource.RLIM_INFINITY:
-            assert re.search(rf"\b{limit}\b", message), message
+        assert re.search(rf"the limit is {limit}\b", message), message
     assert pinned == [(1,), (1,)]  # one element, before any loader was made
     train, val = nd.make_dataloaders(ds, ds, batch_size=4, pin_memory=False)
     assert not train.dataloader.pin_memory and not val.dataloader.pin_memory
     assert pinned == [(1,), (1,)]
+
+
+def test_pinning_that_fails_with_descriptors_to_spare_blames_cuda_not_the_limit(
+    arange_file, failing_pin
+):
+    """The same failure with descriptors to spare: the advice is to fix CUDA or pass
+    pin_memory=False; a larger `ulimit -n` would not help, so the message does not advise it."""
+    resource = pytest.importorskip("resource")
+    ds = nd.NpyTokensDataset(arange_file(1000), 8)
+    pinned, busy = failing_pin
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    in_use = len(os.listdir("/dev/fd"))
+    if soft != resource.RLIM_INFINITY and soft - in_use < 4 * nd.CUDA_DESCRIPTORS:
+        pytest.skip(f"only {soft - in_use} descriptors free under this limit")
+    with pytest.raises(RuntimeError) as info:
+        nd.make_dataloaders(ds, ds, batch_size=4, pin_memory=True)
+    message = str(info.value)
+    expected = f"pinning memory starts CUDA, which failed ({busy}): fix CUDA, or pass pin_memory"
+    assert message.startswith(expected) and "ulimit" not in message, message
+    assert pinned == [(1,)]
 
 
 def test_each_descriptor_refusal_advises_a_limit_above_the_count_in_use(arange_file, monkeypatch):

@@ -46,6 +46,22 @@ def test_make_dataloaders(arange_file):
     assert [x.shape for x, _ in itertools.islice(train_loader, 2)] == [(4, 10), (4, 10)]
 
 
+def test_random_validation_repeats_its_windows_when_each_evaluation_sets_epoch_zero(arange_file):
+    """make_dataloaders' docstring: in mode="random" validation draws new windows each pass, and
+    val_loader.sampler.set_epoch(0) before each evaluation serves the same windows every time."""
+    ds = nd.NpyTokensDataset(arange_file(10_000), 8, mode="random", num_samples=40)
+    _, val_loader = nd.make_dataloaders(ds, ds, batch_size=8, pin_memory=False)
+
+    def evaluate() -> list[list[int]]:
+        return [row for x, _ in val_loader for row in x[:, 0].tolist()]
+
+    first = evaluate()
+    assert evaluate() != first  # the next pass is epoch 1: other random windows
+    for _ in range(2):
+        val_loader.sampler.set_epoch(0)
+        assert evaluate() == first
+
+
 def test_to_device_on_cpu():
     x, y = nd.to_device((torch.arange(4), torch.arange(4) + 1), "cpu")
     assert x.device.type == "cpu" and y.tolist() == [1, 2, 3, 4]

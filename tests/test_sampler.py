@@ -437,3 +437,17 @@ def test_an_epoch_sampler_works_as_batch_sampler(arange_file):
     for _ in range(2):  # two epochs: the epoch reaches the dataset either way
         expected = [x.tolist() for x, _ in as_sampler]
         assert [x.tolist() for x, _ in as_batch_sampler] == expected
+
+
+def test_an_epoch_size_out_of_range_is_refused_before_the_dataset_is_fingerprinted():
+    """The epoch's size is the sampler's first fact about its data: checked before any work."""
+
+    class Empty:
+        def __len__(self):
+            return 0
+
+        def fingerprint(self):
+            pytest.fail("fingerprint() was called before the epoch's size was checked")
+
+    with pytest.raises(ValueError, match="an epoch takes 1 to 2\\*\\*31 windows, not 0"):
+        nd.EpochSampler(Empty(), batch_size=4, world_size=1, rank=0)

@@ -13,13 +13,19 @@ from conftest import ROOT
 MODULE = ROOT / "python_files" / "npy_datasets.py"
 # Issue 34 asked for 900 with a mean line under 54 characters; the framework support (EpochLoader)
 # landed first, and verify_across_ranks now names what differs. docs/maintainers.md ("The module's
-# size") says line by line what each costs. A round ceiling, not today's size plus two.
-MAX_LINES = 1200
+# size") says line by line what each costs. A round ceiling, not today's size plus two. Two fresh
+# reads of the module asked for a glossary, plumbing comments and fuller docstrings: 1,300.
+MAX_LINES = 1300
 MAX_MEAN_LINE = 54  # characters, over the non-blank lines as ruff lays them out
 MAX_FUNCTION_LINES = 50
 MAX_RECORDS = 3  # NamedTuple or dataclass classes
 MAX_PUBLIC = 11  # names in __all__ (EpochLoader joined for issue 32)
 NEAR = 150  # lines between a private helper with one caller and that caller
+# The one exemption from NEAR: the open-file budget is the module's last part, an optional appendix
+# that a reader may cut whole, by design (its header says how). Its helpers sit there together, not
+# beside their callers, so that the main path reads without them and cutting it is one deletion.
+BUDGET_HEADER = "# ---- The open-file budget (optional) ----"
+BUDGET_HELPERS = {"_maps_this_process_may_keep", "_check_loader", "_descriptors", "_limit_fix"}
 
 SOURCE = MODULE.read_text(encoding="utf-8")
 TREE = ast.parse(SOURCE)
@@ -120,6 +126,18 @@ def test_each_private_helper_sits_near_its_one_caller():
     far = {
         name: (defined[name], lines[0])
         for name, lines in calls.items()
-        if len(lines) == 1 and abs(defined[name] - lines[0]) > NEAR
+        if len(lines) == 1 and abs(defined[name] - lines[0]) > NEAR and name not in BUDGET_HELPERS
     }
     assert calls and not far, f"helper: (defined at, called at) {far}"
+
+
+def test_the_open_file_budget_is_the_last_part_and_holds_only_its_helpers():
+    """The exemption above covers the budget block only: it is the file's last section, and the
+    functions defined in it are exactly BUDGET_HELPERS."""
+    lines = SOURCE.splitlines()
+    start = lines.index(BUDGET_HEADER) + 1  # 1-based: the header's own line
+    later = [line for line in lines[start:] if line.startswith("# ----")]
+    inside = {
+        node.name for node in TREE.body if isinstance(node, ast.FunctionDef) and node.lineno > start
+    }
+    assert not later and inside == BUDGET_HELPERS, (later, inside)

@@ -236,7 +236,9 @@ def test_a_missing_folder_is_named_by_the_target_path(tmp_path):
     path = tmp_path / "missing" / "t.npy"
     with pytest.raises(FileNotFoundError) as info:
         nd.write_tokens(path, np.arange(5), **WRITER)
-    assert str(path) in str(info.value) and ".tmp." not in str(info.value)
+    message = str(info.value)
+    assert str(path) in message and ".tmp." not in message
+    assert f"the folder {str(path.parent)!r} does not exist" in message, message
 
 
 def test_the_fields_write_tokens_sets_are_the_ones_it_refuses_from_the_caller(tmp_path):
@@ -284,8 +286,48 @@ def test_empty_rows_and_a_bfloat16_tensor_are_refused_naming_the_file(tmp_path, 
         nd.write_tokens(path, ids, **WRITER)
     message = str(info.value)
     assert message.startswith(repr(str(path))), message
-    assert "bfloat16" in message if isinstance(ids, torch.Tensor) else "no token ids" in message
+    if isinstance(ids, torch.Tensor):  # numpy's reason names the dtype: "ScalarType BFloat16"
+        assert "bfloat16" in message.lower() and "cannot be read as a numpy array" in message
+    else:
+        assert "no token ids" in message
     assert saved(tmp_path) == before  # the old file and sidecar, as they were
+
+
+class CudaTensor:
+    """What write_tokens sees of an int64 tensor on a GPU: numpy cannot read it."""
+
+    def __iter__(self):
+        raise AssertionError("ids with __array__ are one array, not iterated")
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu()")
+
+
+def test_ids_numpy_cannot_read_are_refused_with_numpys_reason_not_a_wrong_dtype(tmp_path):
+    """An int64 tensor on a GPU holds integers: the refusal says numpy cannot read it and why,
+    not that ids must be integers."""
+    path = tmp_path / "t.npy"
+    with pytest.raises(TypeError) as info:
+        nd.write_tokens(path, CudaTensor(), **WRITER)
+    message = str(info.value)
+    expected = f"{str(path)!r}: ids cannot be read as a numpy array (can't convert cuda:0 device"
+    assert message.startswith(expected) and "a CPU tensor" in message, message
+    assert "must be integers" not in message and not path.exists()
+
+
+def test_a_header_that_would_grow_once_the_ids_are_counted_is_refused(tmp_path, monkeypatch):
+    """The ids are written after a placeholder header, which is written again once they are
+    counted: a final header of another length would overwrite them, so the write is refused."""
+    path = tmp_path / "t.npy"
+    nd.write_tokens(path, np.arange(30) % 50, **WRITER)
+    before = saved(tmp_path)
+    npy_header = nd.HEADERS["npy"]
+    monkeypatch.setitem(
+        nd.HEADERS, "npy", lambda dtype, shape: npy_header(dtype, shape) + b" " * shape[0]
+    )
+    with pytest.raises(ValueError, match=r"shape \(5,\) needs a longer header; nothing written"):
+        nd.write_tokens(path, np.arange(5), **WRITER)
+    assert saved(tmp_path) == before
 
 
 def test_a_name_of_244_utf8_bytes_is_written_and_opens(tmp_path):
