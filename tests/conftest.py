@@ -51,27 +51,6 @@ def pytest_configure(config):
     settings.load_profile("no_timers")
 
 
-# pytest.ini runs the tests on pytest-xdist workers, one a core, a test file to a worker (-n auto
-# --dist loadfile): a file's module fixtures run once, a notebook's cells in order in one kernel.
-# The notebooks share the repository's data/ folder, so they go to one worker together, one after
-# another in order: notebook 02 rewrites data/tinystories_sample, which notebooks 04 to 06 read (a
-# prep run that found another writing there would print "waiting for another prep run" into a
-# notebook's output). The tests write their files in folders of their own. (xdist's own --dist
-# loadgroup would do this with marks, but with pytest 9.2 it drops them: pytest-xdist issue 1386.)
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: absent with -p no:xdist
-def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") != "loadfile":
-        return None  # another --dist given: xdist's own
-    from xdist.scheduler import LoadFileScheduling
-
-    class LoadFileSharingData(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return "the notebooks: data/ of the repository" if file.endswith(".ipynb") else file
-
-    return LoadFileSharingData(config, log)
-
-
 # =================================================================================================
 # Token files and .npy bytes.
 
