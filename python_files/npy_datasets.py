@@ -1055,17 +1055,16 @@ def write_tokens(
     if layout is None:
         layout = "bin" if path.suffix == ".bin" else "npy"
     if layout not in ("npy", "bin", "llmc") or (path.suffix == ".npy" and layout != "npy"):
-        raise ValueError(
-            f'{str(path)!r}: layout={layout!r}; use "npy", "bin" or "llmc" ("npy" for a '
-            ".npy path, as it is read); nothing written"
-        )
+        valid = '"npy", "bin" or "llmc" ("npy" for a .npy path)'
+        raise ValueError(f"{str(path)!r}: layout={layout!r}; use {valid}; nothing written")
     if dtype is None:  # GPT-2's largest id, 50256, fits uint16
         dtype = "<u2" if n_vocab <= 2**16 else "<u4"
     dtype = _token_dtype(dtype, "the dtype argument")
     if n_vocab - 1 > np.iinfo(dtype).max:
         raise ValueError(f"n_vocab={n_vocab:,} has ids that {dtype.name} cannot hold")
     mine = {"tokenizer": tokenizer, "n_vocab": int(n_vocab), "eot_id": int(eot_id)}
-    return _write_atomically(path, ids, dtype, n_vocab, layout, _json_fields(path, fields) | mine)
+    fields = _json_fields(path, fields) | mine  # refused before a file is opened
+    return _write_atomically(path, ids, dtype, n_vocab, layout, fields)
 
 
 def _json_fields(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
