@@ -3,7 +3,7 @@
 Copy this one file into your project. It needs Python 3.11+, numpy and torch.
 
     write_tokens("data/tinystories/train.npy", ids,  # once: ids from any tokenizer
-                 n_vocab=50257, tokenizer="gpt2", eot_id=50256)
+                 n_vocab=50257, tokenizer="tiktoken:gpt2", eot_id=50256)
     train = NpyTokensDataset("data/tinystories/train.npy", seq_len=256)  # or a glob
     val = NpyTokensDataset("data/tinystories/validation.npy", seq_len=256)
     train_loader, val_loader = make_dataloaders(train, val, batch_size=32)
@@ -21,16 +21,21 @@ Terms. A token file holds token ids, uint16 or uint32: a .npy file, raw ids
 (train.npy.json) that says what it holds. A shard is one of several files
 that together hold a dataset. A window is seq_len + 1 tokens in a row: x is
 its first seq_len, y its last seq_len. An epoch is one order of all the
-windows; a pass is one `for batch in loader` loop, which serves an epoch, or
-the rest of one after a resume or a break. torchrun starts one process a
-GPU; each is a rank, numbered 0 to world_size - 1 (the number of processes),
-and serves its share of each epoch. A probe is the sha256 of a file's first
+windows; a pass is one `for batch in loader` loop over an epoch, or over
+the rest of one after a resume. torchrun starts one process per GPU; each
+is a rank, numbered 0 to world_size - 1 (the number of processes), and
+serves its share of each epoch. A probe is the sha256 of a file's first
 and last 64 KiB, which each open compares with the sidecar's, so a replaced
 file is caught without reading it all.
 
 len(train_loader) is a whole epoch's batches, even in a resumed pass, so
-keep your own step count. Under torchrun, call init_process_group before
-make_dataloaders: each rank then serves its own share of every epoch.
+keep your own step count. A batch counts as served when your loop receives
+it: check a stop condition after the step that trains on it. A loop that
+breaks early and starts again in the same process gets the same pass from
+its start, as with a DataLoader; state_dict() is where a resumed run goes
+on. Under torchrun, call init_process_group before make_dataloaders: each
+rank then serves its own share of every epoch, and every rank's state is
+the same (save rank 0's, load it on every rank).
 Lightning and accelerate take these loaders as they are.
 
 How it works. Token files are memory-mapped: only the pages a batch touches
@@ -41,7 +46,7 @@ a run exactly, with any number of ranks or workers.
 
 The file reads top-down: the dataset, the sampler and the loaders, the
 helpers they call, opening files, and the writer. Within a part, what you
-call comes first; constants open the part that uses them. Last comes the
+call comes first. Last comes the
 open-file budget, an appendix you may cut whole (its header says how).
 Importing it imports numpy only: a prep script can write files without torch."""
 
@@ -222,7 +227,8 @@ class NpyTokensDataset:
         return self._gather(int(index[0]), self._indices(index[1]))
 
     def __getitems__(self, keys: list[int] | tuple) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A batch for DataLoader: keys are (epoch, indices), or indices of epoch 0."""
+        """A batch for DataLoader: keys are (epoch, indices), or indices of epoch 0.
+        A DataLoader calls it once a batch, where it exists, not __getitem__ once a key."""
         epoch, indices = keys if isinstance(keys, tuple) and len(keys) == 2 else (0, keys)
         if self.mode == "random" and not isinstance(keys, tuple):
             warnings.warn(
@@ -344,11 +350,13 @@ class EpochSampler:
     rank's short last batch, as DataLoader's drop_last does.
 
     Each iteration is a pass. After a pass that served all its batches comes
-    the next epoch; after a pass the loop left early, the same epoch again.
-    set_epoch(e) makes the next pass epoch e. After load_state_dict, the next
-    pass goes on from the saved position. Under a plain
-    DataLoader(ds, batch_sampler=sampler) with workers, pass consumed= to
-    state_dict: the workers fetch batches ahead of your loop."""
+    the next epoch; after a pass the loop left early, the same pass again,
+    from where it began. set_epoch(e) makes the next pass epoch e. The state
+    is the epoch and a position in its order of all ranks' items, so a run
+    may resume with other numbers of ranks or workers, or another batch size;
+    after load_state_dict, the next pass goes on from that position. Under a
+    plain DataLoader(ds, batch_sampler=sampler) with workers, pass consumed=
+    to state_dict: the workers fetch batches ahead of your loop."""
 
     def __init__(
         self,
@@ -486,8 +494,8 @@ class EpochSampler:
         return self._latest, batches
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Where the next batch comes from, as JSON. Under a plain DataLoader,
-        pass consumed: the batches of this pass your loop took."""
+        """Where a run resumed from this state goes on, as JSON. Under a plain
+        DataLoader, pass consumed: the batches of this pass your loop took."""
         latest = self._latest or SamplerPass(self._epoch, self._start, 0)
         items = latest.handed
         if consumed is not None:
@@ -517,18 +525,15 @@ class EpochSampler:
         settings = [k for k in mine if k not in ("epoch", "position")]
         typed = {k: (type(mine[k]), mine[k]) for k in settings}  # in JSON, true is not 1
         bad = next((k for k in settings if (type(state[k]), state[k]) != typed[k]), None)
-        if bad is not None:
-            saved = state[bad]
-            here = mine[bad]
-            if isinstance(saved, dict) and isinstance(here, dict):  # name the field inside
-                inner = next((k for k in here if saved.get(k) != here[k]), "")
-                bad = f"{bad}.{inner}"
-                saved = saved.get(inner)
-                here = here.get(inner)
-            raise ValueError(
-                f"a state of other windows or order: {bad} is {saved!r:.120} in the "
-                f"state, {here!r:.120} here"
-            )
+        if bad is not None:  # name the first field that differs, inside the dataset's too
+            pairs = zip(_leaves(state[bad], bad), _leaves(mine[bad], bad))
+            first = ((p, a, b) for (p, a), (_, b) in pairs if a != b)
+            bad, saved, here = next(first, (bad, state[bad], mine[bad]))
+            if isinstance(saved, dict) and isinstance(here, dict):  # one file's record
+                key = next((k for k in here if saved.get(k) != here[k]), "")
+                bad, saved, here = f"{bad}.{key}", saved.get(key), here.get(key)
+            there = f"{saved!r:.120} in the state, {here!r:.120} here"
+            raise ValueError(f"a state of other windows or order: {bad} is {there}")
         _check_int("epoch", state["epoch"], 0)
         _check_int("position", state["position"], 0, self.num_samples - 1)
         self._epoch = int(state["epoch"])
@@ -606,7 +611,7 @@ class EpochLoader:
             yield x, y
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampler's state_dict(): where the next batch comes from."""
+        """The sampler's state_dict(): where a run resumed from it goes on."""
         return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -825,7 +830,7 @@ def read_sidecar(path: PathLike) -> dict[str, Any] | None:
         raise TokenFileError(f"{name} is not JSON ({error}); write it again") from None
     if not isinstance(meta, dict) or meta.get("format") != "npy-tokens":
         raise TokenFileError(f'{name} is not a sidecar: it lacks "format": "npy-tokens"')
-    version = meta.get("format_version")
+    version = meta.get("format_version")  # its type is checked below with the rest
     if type(version) is int and not 1 <= version <= FORMAT_VERSION:
         raise TokenFileError(
             f"{name} has format_version {version!r}; this npy_datasets.py reads 1 to "
@@ -958,7 +963,7 @@ def _npy_layout(path: str, head: bytes, size: int) -> tuple[np.dtype, tuple[int,
             shape, fortran, found = readers[version](f)
             offset = f.tell()
     except Exception as error:  # numpy raises several kinds
-        # Its first sentence only: the rest may advise allow_pickle.
+        # Keep numpy's first sentence: the rest may suggest allow_pickle, never safe here.
         reason = str(error).split(".\n")[0].split(". ")[0]
         raise TokenFileError(f"{path!r} has a .npy header numpy cannot read: {reason}") from None
     dtype = _token_dtype(found, repr(path))  # a 0-byte dtype would kill numpy
@@ -1037,7 +1042,7 @@ def write_tokens(
     layout: str | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
-    """Write ids, each below n_vocab, and their JSON sidecar (with **fields); return it.
+    """Write ids to path, then the JSON sidecar that describes them; return the sidecar.
 
     ids is an array, a list of equal-length arrays (rows of a 2-D .npy), or an
     iterator of 1-D arrays, written as one stream. eot_id is recorded in the

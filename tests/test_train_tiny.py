@@ -210,7 +210,7 @@ def other_tokens(tokens, tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     "change, said",
     [
-        ("data", "dataset.files is"),
+        ("data", "dataset.files"),
         (["--epoch-windows", "16"], "dataset.num_samples is 8 in the state, 16 here"),
         (["--batch-size", "4"], "a run of batch size 2, not 4: resume with the same batch size"),
     ],
