@@ -10,6 +10,8 @@ import builtins
 import inspect
 import json
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -169,6 +171,14 @@ def test_taught_definitions_equal_the_modules():
                 modules_named = ", ".join(m for m, _ in by_name[name])
                 drift.append(f"{notebook}: {name} differs from {modules_named}")
     assert not drift, "notebook and module disagree:\n" + "\n".join(drift)
+
+
+def test_taught_definitions_equal_the_modules_text_comments_included():
+    """The test above compares code; this one the text too, comments included, so that a comment
+    changed in a module reaches the notebooks that copy the definition (sync_notebooks.py copies it)."""
+    sync = [sys.executable, str(ROOT / "tools" / "sync_notebooks.py"), "--check"]
+    found = subprocess.run(sync, capture_output=True, text=True, timeout=60)  # 1.5 s quiet
+    assert found.returncode == 0, f"run tools/sync_notebooks.py:\n{found.stdout}{found.stderr}"
 
 
 # --- hygiene ------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ copy of a definition differs. After changing a module:
     .venv/bin/python tools/sync_notebooks.py --execute  # ... and re-execute every notebook
     .venv/bin/python tools/sync_notebooks.py --check    # exit 1 if anything would change
 
-Only a drifted definition's own lines are replaced (a def, a method inside a class cell, a method
-taught on its own and attached with `Class.name = name`, an UPPER_CASE constant); prose, the cells
-around it and a class cell's other parts stay as written. Execution runs each notebook top to
+A definition has drifted when its code or its text (comments and docstrings included) differs
+from the module's. Only a drifted definition's own lines are replaced (a def, a method inside a
+class cell, a method taught on its own and attached with `Class.name = name`, an UPPER_CASE
+constant); prose, the cells around it and a class cell's other parts stay as written. Execution runs each notebook top to
 bottom in a fresh kernel from the repository root, with no timing metadata, so stored outputs
 stay deterministic.
 """
@@ -142,9 +143,13 @@ def sync_cell(
         return text if lines[last - 1].endswith("\n") else text.rstrip("\n")
 
     for name, node in candidates:
-        if name not in dumps or mine.get(name) in dumps[name]:
+        if name not in dumps:
             continue
         first, last = _first_line(node), node.end_lineno
+        here = textwrap.dedent("".join(lines[first - 1 : last])).rstrip("\n")
+        same_text = here in (text.rstrip("\n") for text in texts[name])  # comments too
+        if mine.get(name) in dumps[name] and same_text:
+            continue
         edits.append((first, last, replacing(first, last, indented(name, node.col_offset)), name))
     for node in tree.body:
         if not isinstance(node, ast.ClassDef) or node.name not in dumps:
