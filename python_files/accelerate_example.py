@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         if progress.step == args.steps:
             break
     accelerator.print(f"step {progress.step}: loss {loss.item():.3f}, saves in {args.out}")
+    accelerator.end_training()  # leaves the process group: one left open can abort the exit
 
 
 if __name__ == "__main__":

@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     if trainer.global_rank == 0:
         loss = trainer.callback_metrics["loss"].item()
         print(f"step {trainer.global_step}: loss {loss:.3f}, checkpoints in {args.out}")
+    # Lightning leaves a CPU (gloo) process group open at exit, and one left for the interpreter's
+    # shutdown can abort the process ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
