@@ -29,14 +29,14 @@ and last 64 KiB, which each open compares with the sidecar's, so a replaced
 file is caught without reading it all.
 
 len(train_loader) is a whole epoch's batches, even in a resumed pass, so
-keep your own step count. A batch counts as served when your loop receives
-it: check a stop condition after the step that trains on it. A loop that
+keep your own step count. A batch counts as served once your loop receives
+it, so train on each batch you receive before you save or stop. A loop that
 breaks early and starts again in the same process gets the same pass from
 its start, as with a DataLoader; state_dict() is where a resumed run goes
-on. Under torchrun, call init_process_group before make_dataloaders: each
-rank then serves its own share of every epoch, and every rank's state is
-the same (save rank 0's, load it on every rank).
-Lightning and accelerate take these loaders as they are.
+on. Under torchrun, call torch.cuda.set_device(local_rank), then
+init_process_group, before make_dataloaders: each rank then serves its share
+of every epoch, and all ranks' states are equal (save rank 0's, load it on
+every rank). Lightning and accelerate take these loaders as they are.
 
 How it works. Token files are memory-mapped: only the pages a batch touches
 are read. The sampler yields batches of window indices, each with its epoch.
@@ -46,8 +46,8 @@ a run exactly, with any number of ranks or workers.
 
 The file reads top-down: the dataset, the sampler and the loaders, the
 helpers they call, opening files, and the writer. Within a part, what you
-call comes first. Last comes the
-open-file budget, an appendix you may cut whole (its header says how).
+call comes first. Last comes the open-file budget, an appendix you may cut
+whole (its header says how); MAX_OPEN_FILES there is the one number to tune.
 Importing it imports numpy only: a prep script can write files without torch."""
 
 from __future__ import annotations
@@ -88,8 +88,6 @@ __all__ = [
 ]
 
 # ---- The format version, and the error for a bad file ----
-# The one number you may tune, MAX_OPEN_FILES, is in the open-file budget
-# at the end of the file.
 
 FORMAT_VERSION = 1  # of the JSON sidecar this file reads and writes
 
@@ -98,8 +96,7 @@ class TokenFileError(ValueError):
     """A token file or its sidecar cannot be read safely."""
 
 
-# ---- The dataset ----
-# It turns window indices into (x, y). You need it.
+# ---- The dataset: window indices in, (x, y) out ----
 
 
 class NpyTokensDataset:
@@ -114,15 +111,13 @@ class NpyTokensDataset:
     in two windows' x, though y's last token is the next window's first x token.
     mode="random" serves num_samples windows an epoch (by default as many as
     mode="windows" has), at random starts that depend only on seed, the epoch
-    and the index. So seed matters in that mode only; the order windows are
-    served in is set by make_dataloaders' seed. A plain
-    DataLoader(ds, batch_size=B) passes no epoch: it gets epoch 0's windows
-    every epoch.
+    and the index. So seed matters in that mode only; make_dataloaders' seed
+    sets the order windows are served in. A plain DataLoader(ds, batch_size=B)
+    passes no epoch: it gets epoch 0's windows every epoch.
 
     dtype is for raw .bin files without a sidecar. vocab_size refuses a file
-    holding an id of vocab_size or more, reading it whole once if its sidecar
-    has no max_token_id. verify=True compares each file's sha256 with its
-    sidecar's."""
+    holding an id of vocab_size or more (read whole once if its sidecar has no
+    max_token_id). verify=True compares each file's sha256 with its sidecar's."""
 
     def __init__(
         self,
@@ -251,7 +246,9 @@ class NpyTokensDataset:
         low, high = (int(found.min()), int(found.max())) if found.size else (0, 0)
         if low < -n or high >= n:
             bad = low if low < -n else high
-            raise IndexError(f"index {bad} is out of range for {n} windows of {self.paths[0]!r}")
+            more = f" and {len(self.paths) - 1} more files" if len(self.paths) > 1 else ""
+            where = f"{n} windows of {self.paths[0]!r}{more}"
+            raise IndexError(f"index {bad} is out of range for {where}")
         if low < 0:
             return found.astype(np.int64) % n
         return found.astype(np.int64, copy=False)
@@ -335,8 +332,7 @@ def _splitmix64(x: Any) -> Any:
     return x ^ (x >> 31)
 
 
-# ---- The sampler ----
-# Each epoch's order, each rank's share, and resuming. You need it.
+# ---- The sampler: each epoch's order, each rank's share, resuming ----
 
 
 class EpochSampler:
@@ -349,14 +345,18 @@ class EpochSampler:
     DistributedSampler's drop_last=True and False. drop_last=True drops this
     rank's short last batch, as DataLoader's drop_last does.
 
-    Each iteration is a pass. After a pass that served all its batches comes
-    the next epoch; after a pass the loop left early, the same pass again,
-    from where it began. set_epoch(e) makes the next pass epoch e. The state
-    is the epoch and a position in its order of all ranks' items, so a run
-    may resume with other numbers of ranks or workers, or another batch size;
-    after load_state_dict, the next pass goes on from that position. Under a
-    plain DataLoader(ds, batch_sampler=sampler) with workers, pass consumed=
-    to state_dict: the workers fetch batches ahead of your loop."""
+    Each iteration is a pass. The next pass is:
+      at first                      epoch 0, from its start
+      after a pass that served all  the next epoch, from its start
+      after a pass the loop left    the same pass again
+      after set_epoch(e)            epoch e, from its start
+      after load_state_dict(state)  its epoch, from its position; until a
+                                    pass ends, set_epoch takes that epoch only
+    The state is the epoch and a position in its order of all ranks' items,
+    so a run may resume with other numbers of ranks or workers, or another
+    batch size. Under a plain DataLoader(ds, batch_sampler=sampler) with
+    workers, pass consumed= to state_dict: the workers fetch batches ahead of
+    your loop."""
 
     def __init__(
         self,
@@ -393,10 +393,10 @@ class EpochSampler:
         self.world_size = int(world_size)
         self.rank = int(rank)
         self.remainder = remainder
-        # The pass state. _latest: the pass that began last. _epoch and _start:
-        # the next pass's epoch and its start in that epoch's order, unless
-        # _latest served all its batches (then it is the next epoch, from 0).
-        # _resumed: a state was loaded, and no pass has run to its end since.
+        # The pass state, for the docstring's table. _latest: the pass that
+        # began last. _epoch, _start: the next pass's epoch and start in its
+        # order, unless _latest served all its batches (then the next epoch,
+        # from 0). _resumed: a state was loaded and no pass has ended since.
         self._epoch = 0
         self._start = 0
         self._resumed = False
@@ -549,7 +549,7 @@ class SamplerPass:
     epoch: int
     start: int  # where it began in the epoch's order (all ranks' items)
     items: int  # the indices this rank's pass holds
-    handed: int = 0  # how many of them reached the loop
+    handed: int = 0  # how many of them it has handed out (to your loop, in an EpochLoader)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -557,8 +557,7 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-# ---- The loaders ----
-# What a training loop iterates over. You need them.
+# ---- The loaders: what a training loop iterates over ----
 
 
 class EpochLoader:
@@ -579,16 +578,20 @@ class EpochLoader:
     ) -> None:
         from torch.utils.data import DataLoader
 
+        made_for = sampler._fingerprint  # None if it was made of something else
+        if sampler.num_samples != len(dataset) or made_for not in (None, dataset.fingerprint()):
+            raise ValueError(
+                "the sampler was made for other windows than the dataset's: make it with "
+                "EpochSampler(dataset, ...)"
+            )
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = sampler.batch_size
         self.batch_sampler = None  # Lightning reads it, as on a DataLoader
-        # The DataLoader's sampler is _PassIndices: it yields the current pass's
-        # (epoch, indices) batches. batch_size=None makes the DataLoader call
-        # ds[epoch, indices] (__getitem__) once a batch, and collate_fn=tuple
-        # keeps the (x, y) pair as the dataset built it.
+        # Its DataLoader reads the pass's (epoch, indices) from _PassIndices:
+        # batch_size=None calls ds[epoch, indices] once a batch, tuple keeps (x, y).
         self._pass = _PassIndices()
-        # Kept until the first pass checks the workers' descriptors, then None.
+        # The workers' settings, until the first pass checks their descriptors.
         self._workers = (num_workers, prefetch_factor) if num_workers else None
         options = {"batch_size": None, "collate_fn": tuple, "num_workers": num_workers}
         if num_workers:  # DataLoader refuses these without workers
@@ -601,7 +604,7 @@ class EpochLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # A generator: the pass begins at the first batch, after set_epoch.
-        if self._workers is not None:  # files opened after make_dataloaders count
+        if self._workers is not None:  # so files opened since make_dataloaders count
             _check_loader(*self._workers, pin=False)
             self._workers = None
         current, batches = self.sampler._begin()
@@ -649,7 +652,8 @@ def make_dataloaders(
     torch.distributed each rank serves an equal share: train leaves out the
     last few windows, validation repeats the first few. Make the loaders after
     the process group starts: the ranks check that they agree. Memory is pinned
-    where CUDA is, which starts CUDA: call torch.cuda.set_device first."""
+    when CUDA is available; pinning starts CUDA, so call torch.cuda.set_device
+    first."""
     import torch
 
     if not isinstance(train, NpyTokensDataset) or not isinstance(val, NpyTokensDataset | None):
@@ -708,8 +712,7 @@ def verify_across_ranks(settings: dict[str, Any], group: Any = None) -> None:
     )
 
 
-# ---- Helpers ----
-# Checking arguments, and talking to torch.distributed. You need them.
+# ---- Helpers: checking arguments, talking to torch.distributed ----
 
 
 def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
@@ -770,8 +773,7 @@ def _gather_digests(texts: list[str], group: Any) -> list[list[bytes]]:
     return [[bytes(row.tolist()) for row in theirs.cpu()] for theirs in seen]
 
 
-# ---- Opening token files ----
-# Each file is checked before it is mapped. You need this part.
+# ---- Opening token files: each is checked before it is mapped ----
 
 NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 # llm.c's shards: 256 int32 words (magic, version, count, zeros), then the ids.
@@ -1027,8 +1029,7 @@ def _memmap(file: TokenFile) -> np.memmap:
     )
 
 
-# ---- Writing token files ----
-# Optional: cut this part if your token files are made elsewhere.
+# ---- Writing token files (optional: cut it if yours are made elsewhere) ----
 
 
 def write_tokens(
@@ -1219,13 +1220,12 @@ HEADERS = {"npy": _npy_header, "bin": lambda dtype, shape: b"", "llmc": _llmc_he
 
 
 # ---- The open-file budget (optional) ----
-# An appendix: the rest of the file works without it, so you may cut it.
-# Each mapped file holds a file descriptor, and a DataLoader worker needs a
-# few for each batch. Under a low limit (ulimit -n) a worker loses a batch
-# and the loader hangs; this part keeps maps under the limit, or raises at
-# once. To cut it, delete it and `import errno`, set self._max_maps = 1024
-# in _windows, and delete its calls in _memmap, EpochLoader.__iter__ and
-# make_dataloaders.
+# An appendix: the rest of the file works without it. Each mapped file holds
+# a file descriptor, and a DataLoader worker needs a few for each batch.
+# Under a low limit (ulimit -n) a worker loses a batch and the loader hangs;
+# this part keeps maps under the limit, or raises at once. To cut it, delete
+# it and `import errno`, set self._max_maps = 1024 in _windows, and delete
+# its calls in _memmap, EpochLoader.__iter__ and make_dataloaders.
 
 MAX_OPEN_FILES = 1024  # the most files one process keeps mapped
 # Free descriptors a DataLoader needs: 16, and 4 for each batch a worker has

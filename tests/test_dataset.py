@@ -392,6 +392,18 @@ def test_num_samples_is_checked_before_any_file_is_opened(tmp_path):
         nd.NpyTokensDataset(tmp_path / "missing.npy", 4, mode="random", num_samples=0)
 
 
+def test_an_index_past_the_end_of_many_files_counts_them_all(arange_file):
+    """The message says the windows are of all the files, not of the first one alone."""
+    paths = [arange_file(100, name=f"part_{i}.npy") for i in range(3)]
+    ds = nd.NpyTokensDataset(paths, seq_len=10)
+    with pytest.raises(IndexError) as info:
+        ds[len(ds)]
+    assert (
+        str(info.value)
+        == f"index 27 is out of range for 27 windows of {str(paths[0])!r} and 2 more files"
+    )
+
+
 def test_locate_checks_its_epoch_and_indices_as_a_batch_does(arange_file):
     """locate is public: it refuses what ds[epoch, indices] refuses, and reads -1 as the last."""
     path = arange_file(100)

@@ -62,6 +62,19 @@ def test_random_validation_repeats_its_windows_when_each_evaluation_sets_epoch_z
         assert evaluate() == first
 
 
+def test_an_epoch_loader_refuses_a_sampler_made_for_other_windows(arange_file):
+    """A sampler of another dataset would serve its indices here: the wrong count, silently."""
+    ds = nd.NpyTokensDataset(arange_file(1000, name="a.npy"), 10)
+    shifted = nd.NpyTokensDataset(arange_file(1001, name="b.npy"), 10)  # 99 windows too
+    for other in (nd.NpyTokensDataset(arange_file(500, name="c.npy"), 10), shifted, range(40)):
+        with pytest.raises(ValueError, match=r"other windows.*EpochSampler\(dataset"):
+            nd.EpochLoader(ds, nd.EpochSampler(other, batch_size=4))
+    same = nd.NpyTokensDataset(ds.paths[0], 10)  # the same files and settings: accepted
+    loader = nd.EpochLoader(ds, nd.EpochSampler(same, batch_size=4))
+    assert len(list(loader)) == len(loader) == 25
+    assert len(list(nd.EpochLoader(ds, nd.EpochSampler(range(99), batch_size=4)))) == 25
+
+
 def test_to_device_on_cpu():
     x, y = nd.to_device((torch.arange(4), torch.arange(4) + 1), "cpu")
     assert x.device.type == "cpu" and y.tolist() == [1, 2, 3, 4]
