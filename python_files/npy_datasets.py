@@ -9,7 +9,7 @@ Copy this one file into your project. It needs Python 3.11+, numpy and torch.
     train_loader, val_loader = make_dataloaders(train, val, batch_size=32)
     if resuming:  # after loading the model and the optimizer
         train_loader.load_state_dict(checkpoint["loader"])
-    for epoch in range(train_loader.sampler.epoch, 10):  # the saved epoch
+    for epoch in range(train_loader.sampler.epoch, 10):  # 0, or the saved epoch
         train_loader.sampler.set_epoch(epoch)
         for batch in train_loader:  # after a resume, the rest of the epoch
             x, y = to_device(batch, "cuda")  # int64, (32, 256): y is x shifted by one
@@ -31,12 +31,12 @@ file is caught without reading it all.
 len(train_loader) is a whole epoch's batches, even in a resumed pass, so
 keep your own step count. A batch counts as served once your loop receives
 it, so train on each batch you receive before you save or stop. A loop that
-breaks early and starts again in the same process gets the same pass from
-its start, as with a DataLoader; state_dict() is where a resumed run goes
-on. Under torchrun, call torch.cuda.set_device(local_rank), then
-init_process_group, before make_dataloaders: each rank then serves its share
-of every epoch, and all ranks' states are equal (save rank 0's, load it on
-every rank). Lightning and accelerate take these loaders as they are.
+breaks and iterates again in the same process gets that pass from its start,
+as a DataLoader would; a run resumed from state_dict() goes on after the
+last batch the loop received. Under torchrun, make the loaders after
+torch.cuda.set_device(local_rank) and init_process_group: each rank serves
+its share of each epoch, and all ranks' states are equal (save rank 0's,
+load it on each). Lightning and accelerate take these loaders as they are.
 
 How it works. Token files are memory-mapped: only the pages a batch touches
 are read. The sampler yields batches of window indices, each with its epoch.
@@ -356,7 +356,8 @@ class EpochSampler:
     so a run may resume with other numbers of ranks or workers, or another
     batch size. Under a plain DataLoader(ds, batch_sampler=sampler) with
     workers, pass consumed= to state_dict: the workers fetch batches ahead of
-    your loop."""
+    your loop, so a pass they fetched whole counts as served though your loop
+    left it."""
 
     def __init__(
         self,
@@ -411,7 +412,7 @@ class EpochSampler:
 
     @property
     def epoch(self) -> int:
-        """The epoch of the next pass."""
+        """The epoch of the next pass (during a pass's last batch, the one after)."""
         return self._next_pass()[0]
 
     def _finished(self) -> bool:  # the latest pass served all its batches
@@ -781,9 +782,7 @@ LLMC_HEADER_BYTES = 256 * 4
 LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # magic: version
 LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}
 LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights and such
-# Each open hashes a file's first and last 64 KiB, so a file swapped for one
-# of the same size (two shards, say) is caught without reading it all.
-PROBE_BYTES = 1 << 16
+PROBE_BYTES = 1 << 16  # hashed at each end of a file: its probe (see the top)
 # The sidecar fields write_tokens writes, and their JSON types. The reader
 # needs only format and format_version (and dtype, for raw ids).
 WRITTEN_FIELDS = {
@@ -1082,7 +1081,8 @@ def _json_fields(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
     try:
         return json.loads(json.dumps(fields, allow_nan=False))
     except (TypeError, ValueError) as error:
-        raise TypeError(f"{str(path)!r}: a sidecar field is not JSON ({error}); nothing written")
+        why = f"a sidecar field is not JSON ({error}); nothing written"
+        raise TypeError(f"{str(path)!r}: {why}") from None
 
 
 def _write_atomically(
@@ -1101,6 +1101,7 @@ def _write_atomically(
         meta |= fields
         with open(side_tmp, "xb") as f:
             f.write((json.dumps(meta, sort_keys=True, indent=2) + "\n").encode())
+            f.flush()  # fsync syncs what the OS holds, not Python's buffer
             os.fsync(f.fileno())
         side.unlink(missing_ok=True)
         os.replace(tmp, path)
@@ -1214,8 +1215,7 @@ def _llmc_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return words.tobytes().ljust(LLMC_HEADER_BYTES, b"\0")
 
 
-# Each layout's header, of one length whatever the shape: _write_ids writes
-# it first, and again once the ids are counted.
+# Each layout's header, one length for any shape: _write_ids writes it twice.
 HEADERS = {"npy": _npy_header, "bin": lambda dtype, shape: b"", "llmc": _llmc_header}
 
 

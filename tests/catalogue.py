@@ -329,7 +329,8 @@ CATALOGUE = [
         "describes it); prep treats it as unfinished and rebuilds it, and verify=True refuses it",
     ),
     Item(62, "disk", "power loss: fsync, rename, fsync the folder").tried_by(
-        FAULTS + "test_fsync_rename_fsync_order_with_temp_files_beside_the_target"
+        FAULTS + "test_fsync_rename_fsync_order_with_temp_files_beside_the_target",
+        WRITER + "test_each_fsync_finds_every_byte_of_its_file_with_the_os",
     ),
     Item(63, "disk", "disk full while writing").tried_by(
         FAULTS + "test_file_size_limit_fails_clearly_and_keeps_the_old_output",

@@ -46,6 +46,25 @@ def test_chunks_from_a_generator_write_the_same_file_as_one_array(tmp_path, name
     assert nd.open_tokens(other).tolist() == ids.tolist()
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names open files through /proc")
+def test_each_fsync_finds_every_byte_of_its_file_with_the_os(tmp_path, monkeypatch):
+    """A write still in Python's buffer when fsync runs is not on the disk after a power cut (the
+    sidecar's was, until it was flushed first)."""
+    synced, real_fsync = {}, os.fsync
+
+    def fsync(fd):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if not os.path.isdir(name):
+            synced[Path(name).name.split(".tmp.")[0]] = os.fstat(fd).st_size
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "train.npy"
+    nd.write_tokens(path, np.arange(1000), n_vocab=50257, tokenizer="tiktoken:gpt2", eot_id=50256)
+    sidecar = nd.sidecar_path(path)
+    assert synced == {".train.npy": path.stat().st_size, ".train.npy.json": sidecar.stat().st_size}
+
+
 def test_two_d_ids_keep_their_rows_in_a_npy_and_are_refused_for_a_bin(tmp_path):
     rows = np.arange(40).reshape(4, 10)
     meta = nd.write_tokens(tmp_path / "rows.npy", rows, **WRITER)
