@@ -49,8 +49,8 @@ PROMPT = "Once upon a time, there was a"  # the samples' start, after the end-of
 
 def make_loaders(
     data: Path, n_vocab: int, seq_len: int, batch_size: int, epoch_windows: int | None
-) -> tuple[DataLoader, DataLoader]:
-    """The training and validation DataLoaders of data/train.npy and data/validation.npy, made
+) -> tuple[nd.EpochLoader, nd.EpochLoader]:
+    """The training and validation loaders of data/train.npy and data/validation.npy, made
     from nothing; an id at or past n_vocab is refused. epoch_windows: an epoch of that many
     training windows, each starting anywhere (mode="random", as nanoGPT draws them); None: each
     window of the file once an epoch."""

@@ -270,7 +270,7 @@ print("opened again:", refusal(lambda: nd.NpyTokensDataset(path, 8)))
     ("appendix_hardening", 3): Answer(
         """
 pt.prepare(out=DATA / "sharded", shard_tokens=100_000, progress=False)
-names = sorted(str(p) for p in (DATA / "sharded").glob("train_*.npy"))
+names = sorted(str(p) for p in (DATA / "sharded").glob("train_[0-9][0-9][0-9][0-9][0-9][0-9].npy"))
 assert len(names) == 4  # 342,147 tokens: three shards of 100,000 and the rest
 status = pt.main(["--verify", *names[:1], *names[2:]])
 alone = [len(nd.open_tokens(name)) for name in names]
