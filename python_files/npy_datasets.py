@@ -782,7 +782,7 @@ LLMC_HEADER_BYTES = 256 * 4
 LLMC_VERSIONS = {20240520: 1, 20240801: 7}  # magic: version
 LLMC_DTYPES = {20240520: np.dtype("<u2"), 20240801: np.dtype("<u4")}
 LLMC_OTHER_FILES = (20240326, 20240327, 20240328, 20240522)  # weights and such
-PROBE_BYTES = 1 << 16  # hashed at each end of a file: its probe (see the top)
+PROBE_BYTES = 1 << 16  # a file's probe hashes this many bytes at each end
 # The sidecar fields write_tokens writes, and their JSON types. The reader
 # needs only format and format_version (and dtype, for raw ids).
 WRITTEN_FIELDS = {
