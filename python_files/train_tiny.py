@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import npy_datasets as nd  # noqa: E402 (sys.path set)
+from npy_datasets import EpochLoader  # noqa: E402 (sys.path set)
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / "data" / "tinystories_sample"  # quick start's
 LR = 1e-2  # the first learning rate: high for a transformer, fine for a model this small
@@ -49,7 +49,7 @@ PROMPT = "Once upon a time, there was a"  # the samples' start, after the end-of
 
 def make_loaders(
     data: Path, n_vocab: int, seq_len: int, batch_size: int, epoch_windows: int | None
-) -> tuple[nd.EpochLoader, nd.EpochLoader]:
+) -> tuple[EpochLoader, EpochLoader]:
     """The training and validation loaders of data/train.npy and data/validation.npy, made
     from nothing; an id at or past n_vocab is refused. epoch_windows: an epoch of that many
     training windows, each starting anywhere (mode="random", as nanoGPT draws them); None: each
@@ -139,7 +139,7 @@ class Step(NamedTuple):
 
 
 def train(
-    model: TinyGPT, opt: torch.optim.Optimizer, loader: DataLoader, steps: int, step: int = 0
+    model: TinyGPT, opt: torch.optim.Optimizer, loader: EpochLoader, steps: int, step: int = 0
 ) -> Iterator[Step]:
     """Train steps step + 1 to `steps`, epoch after epoch; yield a Step as each one ends."""
     for epoch in itertools.count(loader.sampler.epoch):
@@ -157,7 +157,7 @@ def train(
 
 
 @torch.no_grad()
-def evaluate(model: TinyGPT, val_loader: DataLoader, batches: int) -> float:
+def evaluate(model: TinyGPT, val_loader: EpochLoader, batches: int) -> float:
     """Mean loss on the first `batches` validation batches: the same windows every time."""
     model.eval()
     losses = [loss_of(model, batch).item() for batch in itertools.islice(val_loader, batches)]
@@ -166,7 +166,7 @@ def evaluate(model: TinyGPT, val_loader: DataLoader, batches: int) -> float:
 
 
 def save_checkpoint(
-    path: Path, model: TinyGPT, opt: torch.optim.Optimizer, loader: DataLoader, step: int, i: int
+    path: Path, model: TinyGPT, opt: torch.optim.Optimizer, loader: EpochLoader, step: int, i: int
 ) -> None:
     """Model, optimizer, step, and the loader's state after i batches of this pass, in one file
     written under a temporary name first: a run killed while saving leaves the previous whole."""
@@ -180,7 +180,7 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: Path, model: TinyGPT, opt: torch.optim.Optimizer, loader: DataLoader
+    path: Path, model: TinyGPT, opt: torch.optim.Optimizer, loader: EpochLoader
 ) -> int:
     """Load a save_checkpoint() file into a model, its optimizer and its loader; its step."""
     # weights_only: tensors, numbers, strings, lists and dicts; no pickled code runs. map_location:
@@ -323,7 +323,7 @@ def token_files(data: Path) -> dict[str, Any]:
 
 
 def resume(
-    args: argparse.Namespace, model: TinyGPT, opt: torch.optim.Optimizer, loader: DataLoader
+    args: argparse.Namespace, model: TinyGPT, opt: torch.optim.Optimizer, loader: EpochLoader
 ) -> int:
     """load_checkpoint() of --resume; one line naming what differs, or what is wrong; its step."""
     path = args.resume
@@ -356,8 +356,8 @@ def fit(
     args: argparse.Namespace,
     model: TinyGPT,
     opt: torch.optim.Optimizer,
-    train_loader: DataLoader,
-    val_loader: DataLoader,
+    train_loader: EpochLoader,
+    val_loader: EpochLoader,
     step: int,
 ) -> None:
     """train() to --steps under a progress bar on stderr (steps a second, time left, loss and
