@@ -113,7 +113,7 @@ def loss_of(model: TinyGPT, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.T
 
 
 def lr_at(step: int, steps: int, lr: float) -> float:
-    """From lr down to lr / 10 in a straight line over `steps` steps: a function of the step."""
+    """From lr at step 1 down a straight line that reaches lr / 10 just after step `steps`."""
     return lr * (1 - 0.9 * (step - 1) / steps)
 
 
