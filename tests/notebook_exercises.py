@@ -478,8 +478,9 @@ def pytest_make_collect_report(collector):
 
 
 # In this plugin, not in tests/conftest.py, so that it holds for `pytest notebooks` too, which
-# loads no conftest of tests/. pytest.ini runs the tests on pytest-xdist workers, one a core, a test file to a worker (-n auto
-# --dist loadfile): a file's module fixtures run once, a notebook's cells in order in one kernel.
+# loads no conftest of tests/. pytest.ini runs the tests on pytest-xdist workers, one a core, a
+# test file to a worker (-n auto --dist loadfile): a file's module fixtures run once, a notebook's
+# cells in order in one kernel.
 # The notebooks share the repository's data/ folder, so they go to one worker together, one after
 # another in order: notebook 02 rewrites data/tinystories_sample, which notebooks 04 to 06 read (a
 # prep run that found another writing there would print "waiting for another prep run" into a

@@ -174,8 +174,9 @@ def test_taught_definitions_equal_the_modules():
 
 
 def test_taught_definitions_equal_the_modules_text_comments_included():
-    """The test above compares code; this one the text too, comments included, so that a comment
-    changed in a module reaches the notebooks that copy the definition (sync_notebooks.py copies it)."""
+    """The test above compares code; this one the text too, comments included, so that a
+    comment changed in a module reaches the notebooks that copy the definition
+    (sync_notebooks.py copies it)."""
     sync = [sys.executable, str(ROOT / "tools" / "sync_notebooks.py"), "--check"]
     found = subprocess.run(sync, capture_output=True, text=True, timeout=60)  # 1.5 s quiet
     assert found.returncode == 0, f"run tools/sync_notebooks.py:\n{found.stdout}{found.stderr}"

@@ -10,9 +10,9 @@ copy of a definition differs. After changing a module:
 A definition has drifted when its code or its text (comments and docstrings included) differs
 from the module's. Only a drifted definition's own lines are replaced (a def, a method inside a
 class cell, a method taught on its own and attached with `Class.name = name`, an UPPER_CASE
-constant); prose, the cells around it and a class cell's other parts stay as written. Execution runs each notebook top to
-bottom in a fresh kernel from the repository root, with no timing metadata, so stored outputs
-stay deterministic.
+constant); prose, the cells around it and a class cell's other parts stay as written. Execution
+runs each notebook top to bottom in a fresh kernel from the repository root, with no timing
+metadata, so stored outputs stay deterministic.
 """
 
 from __future__ import annotations
