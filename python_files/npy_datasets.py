@@ -237,7 +237,8 @@ class NpyTokensDataset:
     def _indices(self, keys: list | np.ndarray) -> np.ndarray:
         """Window indices as int64, from 0 to len(self) - 1; -1 is the last."""
         found = np.asarray(keys)
-        bools = isinstance(keys, (list, tuple)) and bool in map(type, keys)  # numpy reads True as 1
+        # numpy would read True as 1: a bool among the keys is refused
+        bools = isinstance(keys, (list, tuple)) and {bool, np.bool_} & set(map(type, keys))
         if found.ndim != 1 or (found.size and found.dtype.kind not in "iu") or bools:
             raise TypeError(
                 f"use ds[i] or ds[epoch, indices] (1-D ints), not {found.dtype} {keys!r:.80}"
@@ -579,8 +580,11 @@ class EpochLoader:
     ) -> None:
         from torch.utils.data import DataLoader
 
+        if not isinstance(sampler, EpochSampler):
+            raise TypeError(f"sampler must be an EpochSampler, got {type(sampler).__name__}")
         made_for = sampler._fingerprint  # None if it was made of something else
-        if sampler.num_samples != len(dataset) or made_for not in (None, dataset.fingerprint()):
+        here = getattr(dataset, "fingerprint", lambda: None)()
+        if sampler.num_samples != len(dataset) or made_for not in (None, here):
             raise ValueError(
                 "the sampler was made for other windows than the dataset's: make it with "
                 "EpochSampler(dataset, ...)"
@@ -589,8 +593,7 @@ class EpochLoader:
         self.sampler = sampler
         self.batch_size = sampler.batch_size
         self.batch_sampler = None  # Lightning reads it, as on a DataLoader
-        # Its DataLoader reads the pass's (epoch, indices) from _PassIndices:
-        # batch_size=None calls ds[epoch, indices] once a batch, tuple keeps (x, y).
+        # batch_size=None: ds[epoch, indices] once a batch from _PassIndices; tuple keeps (x, y).
         self._pass = _PassIndices()
         # The workers' settings, until the first pass checks their descriptors.
         self._workers = (num_workers, prefetch_factor) if num_workers else None
@@ -1059,7 +1062,7 @@ def write_tokens(
         raise TypeError(f"tokenizer must be a name such as 'tiktoken:gpt2', got {tokenizer!r}")
     if layout is None:
         layout = "bin" if path.suffix == ".bin" else "npy"
-    if layout not in ("npy", "bin", "llmc") or (path.suffix == ".npy" and layout != "npy"):
+    if layout not in HEADERS or (path.suffix == ".npy" and layout != "npy"):
         valid = '"npy", "bin" or "llmc" ("npy" for a .npy path)'
         raise ValueError(f"{str(path)!r}: layout={layout!r}; use {valid}; nothing written")
     if dtype is None:  # GPT-2's largest id, 50256, fits uint16
@@ -1147,11 +1150,8 @@ def _write_ids(
         shape = tokens.shape if one_array else (count,)
     if count == 0:
         raise ValueError(f"{str(path)!r}: no token ids to write; nothing written")
-    final = HEADERS[layout](dtype, shape)
-    if len(final) != len(placeholder):  # a longer one would overwrite the ids after it
-        raise ValueError(f"{str(path)!r}: shape {shape} needs a longer header; nothing written")
     f.seek(0)
-    f.write(final)
+    f.write(HEADERS[layout](dtype, shape))  # the placeholder's length: HEADERS' rule
     f.flush()
     os.fsync(f.fileno())
     size = os.fstat(f.fileno()).st_size

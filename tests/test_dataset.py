@@ -419,6 +419,7 @@ def test_locate_checks_its_epoch_and_indices_as_a_batch_does(arange_file):
         (0, [[1, 2]], TypeError, "[[1, 2]]"),
         (0, [1.5], TypeError, "1.5"),
         (0, [True], TypeError, "bool"),
+        (0, (np.True_, 1), TypeError, "True"),  # numpy's bool, which np.asarray reads as 1
     ]:
         with pytest.raises(err) as info:
             ds.locate(epoch, indices)

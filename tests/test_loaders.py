@@ -75,6 +75,29 @@ def test_an_epoch_loader_refuses_a_sampler_made_for_other_windows(arange_file):
     assert len(list(nd.EpochLoader(ds, nd.EpochSampler(range(99), batch_size=4)))) == 25
 
 
+def test_an_epoch_loader_names_a_sampler_of_another_kind_and_takes_a_dataset_of_its_own(
+    arange_file,
+):
+    """A sampler that is no EpochSampler is named (it was an AttributeError); a dataset of your own,
+    with no fingerprint(), still reads batches of an EpochSampler made of it."""
+    ds = nd.NpyTokensDataset(arange_file(1000), 10)
+    with pytest.raises(TypeError, match="sampler must be an EpochSampler, got object"):
+        nd.EpochLoader(ds, object())
+
+    class Mine:  # ds[epoch, indices] of the NpyTokensDataset, without its other methods
+        def __len__(self):
+            return len(ds)
+
+        def __getitem__(self, key):
+            return ds[key]
+
+    mine = Mine()
+    loader = nd.EpochLoader(mine, nd.EpochSampler(mine, batch_size=4, shuffle=False))
+    assert [x[0, 0].item() for x, _ in loader][:3] == [0, 40, 80] and len(loader) == 25
+    with pytest.raises(ValueError, match="other windows"):  # made of ds, which has a fingerprint
+        nd.EpochLoader(mine, nd.EpochSampler(ds, batch_size=4))
+
+
 def test_to_device_on_cpu():
     x, y = nd.to_device((torch.arange(4), torch.arange(4) + 1), "cpu")
     assert x.device.type == "cpu" and y.tolist() == [1, 2, 3, 4]

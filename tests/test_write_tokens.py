@@ -334,19 +334,16 @@ def test_ids_numpy_cannot_read_are_refused_with_numpys_reason_not_a_wrong_dtype(
     assert "must be integers" not in message and not path.exists()
 
 
-def test_a_header_that_would_grow_once_the_ids_are_counted_is_refused(tmp_path, monkeypatch):
-    """The ids are written after a placeholder header, which is written again once they are
-    counted: a final header of another length would overwrite them, so the write is refused."""
-    path = tmp_path / "t.npy"
-    nd.write_tokens(path, np.arange(30) % 50, **WRITER)
-    before = saved(tmp_path)
-    npy_header = nd.HEADERS["npy"]
-    monkeypatch.setitem(
-        nd.HEADERS, "npy", lambda dtype, shape: npy_header(dtype, shape) + b" " * shape[0]
-    )
-    with pytest.raises(ValueError, match=r"shape \(5,\) needs a longer header; nothing written"):
-        nd.write_tokens(path, np.arange(5), **WRITER)
-    assert saved(tmp_path) == before
+def test_each_layouts_header_has_one_length_for_any_shape_a_file_can_have():
+    """_write_ids writes a placeholder header, then the final one over it once the ids are
+    counted: a final header of another length would overwrite ids, so every layout's header must
+    keep its length from no ids to the largest shapes (int64 counts; an llm.c count is an int32)."""
+    extremes = {"npy": [(0,), (2**62,), (1, 1), (2**62, 2**62)], "bin": [(0,), (2**62,)]}
+    extremes["llmc"] = [(0,), (2**31 - 1,)]
+    for layout, shapes in extremes.items():
+        for dtype in (np.dtype("<u2"), np.dtype("<u4")):
+            lengths = {len(nd.HEADERS[layout](dtype, shape)) for shape in shapes}
+            assert lengths == {{"npy": 128, "bin": 0, "llmc": 1024}[layout]}, (layout, dtype)
 
 
 def test_a_name_of_244_utf8_bytes_is_written_and_opens(tmp_path):
